@@ -1,0 +1,7 @@
+"""`python -m xpu_serve` runs the CLI."""
+
+import sys
+
+from xpu_serve.cli import main
+
+sys.exit(main())

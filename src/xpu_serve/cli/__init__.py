@@ -1,0 +1,66 @@
+"""Command-line entry point: argument parsing and exit codes only.
+
+Each subcommand lives in its own module under `xpu_serve.cli` and exposes
+`add_arguments(parser)` and `run(args) -> int` (an exit code from `xpu_serve.exitcodes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from xpu_serve import __version__, exitcodes
+
+# subcommand name -> (module under xpu_serve.cli, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("up", "run and supervise the server in the foreground"),
+    "status": ("status", "show the supervisor's state from the runtime directory"),
+    "stop": ("stop", "stop a running supervisor"),
+    "render": ("render", "print the exact command and environment `up` will use"),
+    "check": ("check", "validate the config and preflight the host"),
+    "diagnose": ("diagnose", "name the root cause of an incident from log files"),
+    "bundles": ("bundles", "list and show diagnostic bundles"),
+    "bundle": ("bundle", "take a diagnostic bundle now from a running server"),
+    "unit": ("unit", "print a systemd unit for a config"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser; each subcommand module adds its own arguments."""
+    parser = argparse.ArgumentParser(
+        prog="xpu-serve",
+        description="Supervise `vllm serve` on Intel XPU and name the root cause of every incident.",
+    )
+    parser.add_argument("--version", action="version", version=f"xpu-serve {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(f"xpu_serve.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name == f"xpu_serve.cli.{module}":
+                continue  # subcommand not built yet
+            raise
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `xpu-serve`; returns the process exit code (see `xpu_serve.exitcodes`)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return exitcodes.USAGE
+    try:
+        return int(args._run(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return exitcodes.OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Documented process exit codes of the `xpu-serve` command (README, "Exit codes").
+
+systemd units use GAVE_UP_AT_ONCE in `RestartPreventExitStatus=`: restarting the unit cannot fix
+a configuration error, so systemd must not restart it either.
+"""
+
+OK = 0
+"""Success; `up` stopped on SIGTERM/SIGINT after a clean shutdown; `check` found nothing."""
+FAILURE = 1
+"""A runtime failure that is not the input's fault; `check --strict` found warnings."""
+USAGE = 2
+"""Bad input: unreadable or invalid config, bad arguments, unreadable file, bad fault spec."""
+GAVE_UP = 3
+"""`up` gave up after a crash loop (too many failures inside the window)."""
+GAVE_UP_AT_ONCE = 4
+"""`up` gave up at once: a failure that a restart cannot fix (config error, port owned by another program)."""
+LOCKED = 5
+"""Another supervisor already holds the runtime directory's lock."""
