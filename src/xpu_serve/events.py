@@ -7,6 +7,7 @@ process watch, health) produce the same `Event`s, so `diagnose` and `up` share o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -53,3 +54,28 @@ class Event:
     cause: str | None = None
     group: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
+
+
+# vLLM prefixes its child processes' output with "(Name pid=N) " (vllm/utils: _add_prefix via
+# decorate_logs), and re-prefixes what it relays, so lines can carry nested prefixes:
+# "(APIServer pid=A) (EngineCore_DP0 pid=B) ERROR ...". Written here (not a library) because it is
+# the domain's own log shape.
+_PREFIX_RE = re.compile(r"\(([A-Za-z][\w:.-]*) pid=(\d+)\)\s?")
+
+
+def split_process_prefix(line: str) -> tuple[str | None, int | None, str]:
+    """Split vLLM's process prefix(es) off a line.
+
+    Returns (name, pid, rest) for the innermost prefix, e.g.
+    "(APIServer pid=1) (EngineCore_DP0 pid=2) INFO x" -> ("EngineCore_DP0", 2, "INFO x");
+    (None, None, line) when the line has no prefix at its start.
+    """
+    name: str | None = None
+    pid: int | None = None
+    pos = 0
+    while True:
+        m = _PREFIX_RE.match(line, pos)
+        if not m:
+            break
+        name, pid, pos = m.group(1), int(m.group(2)), m.end()
+    return name, pid, line[pos:]
