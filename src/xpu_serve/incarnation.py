@@ -100,7 +100,12 @@ class Status:
 
 
 class Observer(Protocol):
-    """Told about state changes and incidents; must never block or raise into the supervisor."""
+    """Told about state changes and incidents; must never block or raise into the supervisor.
+
+    An observer may also define `on_event(event: Event) -> None`: the supervisor then calls it
+    for every event recorded through `IncarnationContext.record()` (kernel records, hang facts),
+    e.g. for the Prometheus counters of kernel events by kind and device.
+    """
 
     def on_state(self, status: Status) -> None: ...
 

@@ -19,6 +19,28 @@ def watchers_for(config: Any) -> list[Watcher]:
 
 
 def observers_for(config: Any) -> list[Observer]:
-    """Observers of state changes and incidents (systemd notify, metrics, webhook)."""
+    """Observers of state changes and incidents (systemd notify, metrics, webhook).
+
+    The metrics endpoint is started here; if its address cannot be bound, one warning goes to
+    stderr and supervision goes on without it (metrics are a feature, not a reason to stop).
+    """
+    import sys
+
+    from xpu_serve.integrations.metrics import SupervisorMetrics
+    from xpu_serve.integrations.systemd import SystemdNotifier
+    from xpu_serve.integrations.webhook import Webhook
+
     observers: list[Observer] = []
+    notifier = SystemdNotifier(extend_timeout_s=60.0)
+    if notifier.enabled:
+        observers.append(notifier)
+    if config.metrics.enabled:
+        metrics = SupervisorMetrics()
+        try:
+            metrics.start(config.metrics.listen)
+            observers.append(metrics)
+        except (OSError, ValueError) as e:
+            print(f"xpu-serve: warning: metrics endpoint {config.metrics.listen} disabled: {e}", file=sys.stderr)
+    if config.webhook.url:
+        observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
     return observers

@@ -1,0 +1,1 @@
+"""Integrations with the operator's world: systemd notify, Prometheus metrics, incident webhook."""
