@@ -1,85 +1,243 @@
 """The YAML config schema (pydantic v2) and its loader.
 
-DRAFT schema by the founding session; the foundation work (issue 2) owns this module:
-validation errors that name file, YAML line and key path, `${VAR}` interpolation, presets.
-Field names here are the contract other modules use; rename only with care.
+`load_config(path)` reads one YAML file, substitutes `${VAR}` / `${VAR:-default}` in string values
+from the environment, validates it against `Config` and returns it; every problem becomes one line
+"FILE:LINE: key.path: message" naming the YAML line of the offending key, collected in
+`ConfigError.problems`. Field names here are the contract other modules use; rename only with care.
+
+`python -m xpu_serve.config --reference` prints the config reference in the README (generated from
+the field descriptions below; tests/test_readme.py keeps the two equal).
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
+
+# --------------------------------------------------------------------------- presets (data)
+
+
+@lru_cache(maxsize=1)
+def env_presets() -> dict[str, dict[str, Any]]:
+    """The environment presets from `xpu_serve/data/env_presets.yaml`.
+
+    Returns:
+        preset name -> {"description": str, "vars": {NAME: {"value": str, "what": str,
+        "source": str}}}, in file order.
+    """
+    import yaml
+
+    text = resources.files("xpu_serve").joinpath("data/env_presets.yaml").read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    return {str(k): v for k, v in data.items()}
+
+
+def preset_vars(name: str) -> dict[str, str]:
+    """NAME -> value of one preset, in file order. Raises KeyError for an unknown preset."""
+    return {k: str(v["value"]) for k, v in env_presets()[name]["vars"].items()}
+
+
+def _known_preset(name: str) -> str:
+    presets = env_presets()
+    if name not in presets:
+        close = difflib.get_close_matches(name, list(presets), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown preset {name!r}{hint}; known: {', '.join(presets)}")
+    return name
+
+
+def _env_value(v: Any) -> Any:
+    """Environment values are strings; YAML numbers are accepted and written as in the file."""
+    if isinstance(v, bool):
+        raise ValueError('a boolean is ambiguous as an environment value: quote it, e.g. "1"')
+    if isinstance(v, (int, float)):
+        return str(v)
+    return v
+
+
+# --------------------------------------------------------------------------- schema
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Short options vLLM's parser accepts, for a clear error when one is used as an `engine.args` key.
+_SHORT_FLAGS = {
+    "tp": "tensor-parallel-size",
+    "pp": "pipeline-parallel-size",
+    "dp": "data-parallel-size",
+    "q": "quantization",
+}
+
+
+class _KeyProblem(ValueError):
+    """A problem with one key of a mapping field: reported at that key's line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _check_args(args: dict[str, Any]) -> dict[str, Any]:
+    typed = {name.replace("_", "-") for name in EngineConfig.model_fields if name not in ("command", "args")}
+    typed.add("model")
+    for key, value in args.items():
+        flag = key.lstrip("-").replace("_", "-")
+        if not flag or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", flag):
+            raise _KeyProblem(key, "not a vLLM flag name (write it like disable-log-requests)")
+        if flag in _SHORT_FLAGS:
+            raise _KeyProblem(key, f"a short option; write its long name {_SHORT_FLAGS[flag]!r}")
+        if flag in typed:
+            raise _KeyProblem(key, f"has its own key: use engine.{flag.replace('-', '_')}")
+        if isinstance(value, list) and any(isinstance(x, (dict, list)) for x in value):
+            raise _KeyProblem(key, "list items must be scalars")
+    return args
+
+
 class EngineConfig(_Strict):
     """The `vllm serve` invocation. Typed fields render as their vLLM flags; `args` passes the rest."""
 
-    command: list[str] = Field(default_factory=lambda: ["vllm", "serve"])
-    model: str
-    served_model_name: str | None = None
-    tensor_parallel_size: PositiveInt = 1
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    dtype: str | None = None
-    max_model_len: PositiveInt | None = None
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    enforce_eager: bool = False
-    trust_remote_code: bool = False
-    quantization: str | None = None
-    block_size: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    api_key: str | None = None
-    args: dict[str, Any] = Field(default_factory=dict)  # other vLLM flags, in order
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve"],
+        min_length=1,
+        description="argv prefix that starts the server; `${VAR}` allowed (e.g. a venv path)",
+    )
+    model: str = Field(description="model directory or hub id (required)")
+    model_arg: Literal["positional", "flag"] = Field(
+        "positional",
+        description="how the model is passed: `positional` (`vllm serve MODEL`, what vLLM "
+        "recommends) or `flag` (`--model MODEL`, deprecated by vLLM but still accepted)",
+    )
+    served_model_name: str | None = Field(None, description="`--served-model-name`")
+    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size` (always rendered)")
+    host: str = Field("127.0.0.1", description="`--host` (always rendered; health checks use it)")
+    port: int = Field(8000, ge=1, le=65535, description="`--port` (always rendered; health checks use it)")
+    dtype: str | None = Field(None, description="`--dtype`")
+    max_model_len: PositiveInt | None = Field(None, description="`--max-model-len`")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="`--gpu-memory-utilization`")
+    enforce_eager: bool = Field(False, description="`--enforce-eager` when true")
+    trust_remote_code: bool = Field(False, description="`--trust-remote-code` when true")
+    quantization: str | None = Field(None, description="`--quantization`")
+    block_size: PositiveInt | None = Field(None, description="`--block-size`")
+    max_num_batched_tokens: PositiveInt | None = Field(None, description="`--max-num-batched-tokens`")
+    api_key: str | None = Field(
+        None,
+        description="`--api-key`; write `${VAR}` so the key never sits in the file; empty = none; shown as `***`",
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_none(cls, v: str | None) -> str | None:
+        return v or None  # `${KEY:-}` with KEY unset: no key required
+
+    args: Annotated[dict[str, Any], AfterValidator(_check_args)] = Field(
+        default_factory=dict,
+        description="any other vLLM flag, in order: `name: value` -> `--name value`; `true` -> `--name`; "
+        "`false` -> `--no-name`; `null` -> omitted; a list -> `--name a b` (one flag, as argparse "
+        "`nargs='+'` expects; `--middleware`, an `append` flag, repeats per item); a mapping -> JSON",
+    )
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
 
 class EnvironmentConfig(_Strict):
     """Environment of the engine: presets (data, `data/env_presets.yaml`) then `vars`, user wins."""
 
-    presets: list[str] = Field(default_factory=list)
-    vars: dict[str, str] = Field(default_factory=dict)
+    presets: list[Annotated[str, AfterValidator(_known_preset)]] = Field(
+        default_factory=list, description="names from `data/env_presets.yaml`, applied in order (see Presets)"
+    )
+    vars: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="NAME: value set for the engine; wins over presets; `PYTHONFAULTHANDLER=1` is always set",
+    )
+
+    @field_validator("vars")
+    @classmethod
+    def _names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise _KeyProblem(name, "not a valid environment variable name")
+        return v
 
 
 class RestartConfig(_Strict):
-    initial_delay_s: PositiveFloat = 5.0
-    multiplier: float = Field(2.0, ge=1.0)
-    max_delay_s: PositiveFloat = 300.0
-    stable_after_s: PositiveFloat = 600.0
-    max_failures: PositiveInt = 5
-    failure_window_s: PositiveFloat = 1800.0
+    """Restart policy: exponential backoff with jitter, reset after a stable period, crash-loop limit."""
+
+    initial_delay_s: PositiveFloat = Field(5.0, description="backoff before the first restart, seconds")
+    multiplier: float = Field(2.0, ge=1.0, description="backoff growth per consecutive failure")
+    max_delay_s: PositiveFloat = Field(300.0, description="backoff ceiling, seconds")
+    stable_after_s: PositiveFloat = Field(600.0, description="healthy this long resets the backoff, seconds")
+    max_failures: PositiveInt = Field(
+        5, description="this many failures inside the window -> give up (exit 3)"
+    )
+    failure_window_s: PositiveFloat = Field(1800.0, description="window for `max_failures`, seconds")
 
 
 class HealthConfig(_Strict):
-    interval_s: PositiveFloat = 5.0
-    timeout_s: PositiveFloat = 5.0
-    failures: PositiveInt = 3
+    """`GET /health` polling (vLLM answers 200 even while hung: progress is watched separately)."""
+
+    interval_s: PositiveFloat = Field(5.0, description="`GET /health` period, seconds")
+    timeout_s: PositiveFloat = Field(5.0, description="one `/health` request timeout, seconds")
+    failures: PositiveInt = Field(3, description="consecutive failed checks that mean unhealthy")
 
 
 class StartupConfig(_Strict):
-    stall_s: PositiveFloat = 600.0  # no start-up progress for this long -> startup-hang
-    timeout_s: PositiveFloat = 3600.0  # overall limit to become ready
+    """Start-up limits: a stall (no start-up progress) and an overall deadline, seconds."""
+
+    stall_s: PositiveFloat = Field(
+        600.0, description="no start-up progress for this long -> startup-hang, seconds"
+    )
+    timeout_s: PositiveFloat = Field(3600.0, description="overall limit to become ready, seconds")
 
 
 class HangConfig(_Strict):
-    enabled: bool = True
-    after_s: PositiveFloat = 90.0
-    metrics_interval_s: PositiveFloat = 5.0
-    canary: bool = False
-    canary_interval_s: PositiveFloat = 60.0
-    canary_timeout_s: PositiveFloat = 30.0
+    """Engine hang watchdog: progress from `/metrics` and log stats, optional canary request."""
+
+    enabled: bool = Field(True, description="watch for an engine that stops making progress")
+    after_s: PositiveFloat = Field(
+        90.0, description="no progress with work in flight for this long -> hang, seconds"
+    )
+    metrics_interval_s: PositiveFloat = Field(5.0, description="`/metrics` poll period, seconds")
+    canary: bool = Field(False, description="send a tiny completion request when idle")
+    canary_interval_s: PositiveFloat = Field(60.0, description="canary period, seconds")
+    canary_timeout_s: PositiveFloat = Field(30.0, description="canary deadline, seconds")
 
 
 class StopConfig(_Strict):
-    grace_s: PositiveFloat = 20.0
-    port_free_timeout_s: PositiveFloat = 30.0
+    """Stopping the engine: SIGTERM grace and waiting for the port to be released, seconds."""
+
+    grace_s: PositiveFloat = Field(20.0, description="SIGTERM to SIGKILL, seconds")
+    port_free_timeout_s: PositiveFloat = Field(
+        30.0, description="wait for the port to be free before a restart, seconds"
+    )
 
 
 class SupervisionConfig(_Strict):
+    """Everything about keeping the engine alive."""
+
     restart: RestartConfig = Field(default_factory=RestartConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     startup: StartupConfig = Field(default_factory=StartupConfig)
@@ -88,34 +246,50 @@ class SupervisionConfig(_Strict):
 
 
 class KernelWatchConfig(_Strict):
-    enabled: bool = True
-    source: Literal["auto", "kmsg", "journalctl", "dmesg", "file", "none"] = "auto"
-    path: str | None = None  # for source: file
-    lookback_s: PositiveFloat = 60.0
-    device_check: list[str] | None = None  # command that exits 0 once a wedged device answers
+    """The kernel log watcher (Xe GPU faults, engine resets, user-mode driver segfault lines)."""
+
+    enabled: bool = Field(True, description="read the kernel log (GPU faults, segfault lines)")
+    source: Literal["auto", "kmsg", "journalctl", "dmesg", "file", "none"] = Field(
+        "auto", description="`auto` tries `/dev/kmsg`, then `journalctl -k`, then `dmesg`"
+    )
+    path: str | None = Field(None, description="the file to follow for `source: file`")
+    lookback_s: PositiveFloat = Field(
+        60.0, description="kernel records this far before a failure count, seconds"
+    )
+    device_check: list[str] | None = Field(
+        None, description="command that exits 0 once a wedged device answers again (gates a restart)"
+    )
 
 
 class WatchersConfig(_Strict):
+    """Per-incarnation watchers besides the engine's own output."""
+
     kernel: KernelWatchConfig = Field(default_factory=KernelWatchConfig)
 
 
 class BundlesConfig(_Strict):
-    keep: PositiveInt = 20
-    max_bytes: PositiveInt = 2 * 1024**3
-    log_cap_bytes: PositiveInt = 64 * 1024**2
-    tar: bool = False
-    collector_timeout_s: PositiveFloat = 10.0
-    release_devcoredump: bool = False
+    """Diagnostic bundles written on each incident: retention and size caps (bytes)."""
+
+    keep: PositiveInt = Field(20, description="bundles kept in the runtime directory")
+    max_bytes: PositiveInt = Field(2 * 1024**3, description="total size cap of all bundles, bytes")
+    log_cap_bytes: PositiveInt = Field(64 * 1024**2, description="engine log kept per bundle, bytes")
+    tar: bool = Field(False, description="also write each bundle as a .tar.gz")
+    collector_timeout_s: PositiveFloat = Field(10.0, description="limit per evidence collector, seconds")
+    release_devcoredump: bool = Field(False, description="free the Xe devcoredump after copying it")
 
 
 class MetricsConfig(_Strict):
-    enabled: bool = True
-    listen: str = "127.0.0.1:9400"
+    """The supervisor's own Prometheus endpoint."""
+
+    enabled: bool = Field(True, description="serve the supervisor's Prometheus metrics")
+    listen: str = Field("127.0.0.1:9400", description="HOST:PORT of the metrics endpoint")
 
 
 class WebhookConfig(_Strict):
-    url: str | None = None
-    timeout_s: PositiveFloat = 5.0
+    """Incident notification by HTTP POST."""
+
+    url: str | None = Field(None, description="POST each incident summary here (JSON)")
+    timeout_s: PositiveFloat = Field(5.0, description="webhook request timeout, seconds")
 
 
 class Config(_Strict):
@@ -128,8 +302,15 @@ class Config(_Strict):
     bundles: BundlesConfig = Field(default_factory=BundlesConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
-    runtime_dir: str = "/var/lib/xpu-serve"
+    runtime_dir: str = Field(
+        "/var/lib/xpu-serve",
+        description="state, logs and bundles (relative: to the current directory); "
+        "`up --runtime-dir` overrides",
+    )
     source_path: Path | None = Field(None, exclude=True)  # the file it was loaded from
+
+
+# --------------------------------------------------------------------------- errors and loading
 
 
 class ConfigError(Exception):
@@ -140,26 +321,353 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+Loc = tuple[str | int, ...]
+
+
+def _path_str(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _node_lines(node: Any, loc: Loc, lines: dict[Loc, int], dups: list[tuple[Loc, int]]) -> None:
+    """Record the 1-based YAML line of every key and list item under `node` (a yaml.Node)."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for knode, vnode in node.value:
+            key = knode.value if isinstance(knode, yaml.ScalarNode) else repr(knode.value)
+            if key == "<<":  # merge key: lines of merged keys stay at the anchor
+                continue
+            sub = (*loc, key)
+            if key in seen:
+                dups.append((sub, knode.start_mark.line + 1))
+            seen.add(key)
+            lines[sub] = knode.start_mark.line + 1
+            _node_lines(vnode, sub, lines, dups)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            sub = (*loc, i)
+            lines[sub] = item.start_mark.line + 1
+            _node_lines(item, sub, lines, dups)
+
+
+def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
+    """Line of the deepest existing prefix of `loc` (a missing key is reported at its parent)."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return 1
+
+
+_VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
+    """Substitute `${VAR}` and `${VAR:-default}` in `text` from `env` (default: os.environ).
+
+    `$$` stands for a literal `$`. `${VAR:-default}` uses the default when VAR is unset or empty,
+    as in POSIX sh. Returns (new text, names of variables that were unset and had no default).
+    """
+    source = os.environ if env is None else env
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group(1), m.group(2)
+        value = source.get(name)
+        if value:
+            return value
+        if default is not None:
+            return default
+        if value is None:
+            missing.append(name)
+            return ""
+        return value
+
+    return _VAR_RE.sub(sub, text), missing
+
+
+def _interpolate_tree(data: Any, loc: Loc, problems: list[tuple[Loc, str]]) -> Any:
+    if isinstance(data, dict):
+        return {k: _interpolate_tree(v, (*loc, k), problems) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_interpolate_tree(v, (*loc, i), problems) for i, v in enumerate(data)]
+    if isinstance(data, str) and "$" in data:
+        new, missing = interpolate(data)
+        for name in missing:
+            problems.append(
+                (loc, f"environment variable {name} is not set (set it, or write ${{{name}:-default}})")
+            )
+        return new
+    return data
+
+
+def _num(v: Any) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _message(err: Any) -> str:
+    """One short sentence for a pydantic error dict (pydantic_core ErrorDetails)."""
+    kind, ctx, msg = err["type"], err.get("ctx") or {}, err["msg"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "greater_than":
+        return f"must be > {_num(ctx.get('gt'))}"
+    if kind == "greater_than_equal":
+        return f"must be >= {_num(ctx.get('ge'))}"
+    if kind == "less_than_equal":
+        return f"must be <= {_num(ctx.get('le'))}"
+    if kind == "less_than":
+        return f"must be < {_num(ctx.get('lt'))}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"must be an integer, got {err.get('input')!r}"
+    if kind in ("float_parsing", "float_type"):
+        return f"must be a number, got {err.get('input')!r}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false, got {err.get('input')!r}"
+    if kind == "string_type":
+        return f"must be a string, got {type(err.get('input')).__name__}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {type(err.get('input')).__name__}"
+    if kind == "list_type":
+        return f"must be a list, got {type(err.get('input')).__name__}"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {err.get('input')!r}"
+    if kind == "value_error":
+        return str(ctx.get("error", msg))
+    return str(msg[0].lower() + msg[1:]) if msg else kind
+
+
+def _unknown_key_hint(loc: Loc) -> str:
+    """' (did you mean X?)' for a misspelt key, from the schema's field names."""
+    model: Any = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close and close[0] != "source_path" else ""
+
+
 def load_config(path: str | Path) -> Config:
-    """Load and validate a YAML config file.
+    """Load, interpolate and validate a YAML config file.
+
+    `${VAR}` and `${VAR:-default}` in string values are taken from the environment; the result
+    keeps the file's path in `Config.source_path`.
 
     Raises:
-        ConfigError: one entry per problem, each "FILE:LINE: key.path: message".
+        ConfigError: one entry per problem, each "FILE:LINE: key.path: message" (LINE 1-based;
+            a file that cannot be read has no line: "FILE: cannot read config: REASON").
     """
     import yaml
 
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError([f"{p}: cannot read config: {e.strerror}"]) from None
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError([f"{p}: cannot read config: {reason}"]) from None
+
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
-        raise ConfigError([f"{p}: malformed YAML: {e}"]) from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        what = getattr(e, "problem", None) or str(e)
+        context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and cmark is not None and cmark.line + 1 != line:
+            what += f" ({context} started at line {cmark.line + 1})"
+        raise ConfigError([f"{p}:{line}: malformed YAML: {what}"]) from None
+    finally:
+        loader.dispose()
+
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(
+            [f"{p}:1: the config must be a mapping with at least `engine: {{model: ...}}`, got {got}"]
+        )
+
+    lines: dict[Loc, int] = {}
+    dups: list[tuple[Loc, int]] = []
+    _node_lines(root, (), lines, dups)
+    problems: list[tuple[int, str]] = [
+        (line, f"{p}:{line}: {_path_str(loc)}: duplicate key") for loc, line in dups
+    ]
+
+    interp: list[tuple[Loc, str]] = []
+    data = _interpolate_tree(data, (), interp)
+    problems += [
+        (_line_of(loc, lines), f"{p}:{_line_of(loc, lines)}: {_path_str(loc)}: {msg}") for loc, msg in interp
+    ]
+
+    cfg: Config | None = None
     try:
         cfg = Config.model_validate(data)
-    except Exception as e:  # pydantic.ValidationError
-        raise ConfigError([f"{p}: {e}"]) from None
+    except ValidationError as e:
+        for err in e.errors():
+            loc: Loc = tuple(x for x in err["loc"] if x != "[key]")
+            if any(loc[: len(bad)] == bad for bad, _ in interp):
+                continue  # already reported: the unset variable is the problem, not the empty value
+            if loc and loc[0] == "source_path":
+                continue  # reported below: not a key of the file
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, _KeyProblem):
+                loc = (*loc, cause.key)
+            msg = _message(err)
+            if err["type"] == "extra_forbidden":
+                msg += _unknown_key_hint(loc)
+            line = _line_of(loc, lines)
+            problems.append((line, f"{p}:{line}: {_path_str(loc) or '(top)'}: {msg}"))
+    if "source_path" in data:
+        line = lines.get(("source_path",), 1)
+        problems.append((line, f"{p}:{line}: source_path: unknown key"))
+
+    if problems or cfg is None:
+        problems.sort(key=lambda t: t[0])
+        raise ConfigError(list(dict.fromkeys(msg for _, msg in problems)))
     cfg.source_path = p
     return cfg
+
+
+# --------------------------------------------------------------------------- hash
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 (hex, 64 characters) of the normalized config, for incident records.
+
+    Normalized: every field with its default filled in, keys sorted, JSON; `source_path` is
+    left out, and secrets (`engine.api_key`, environment variables and `engine.args` whose name
+    looks secret) are replaced by `***` first, so the hash neither leaks nor changes with a key
+    rotation.
+    """
+    from xpu_serve.vllm_command import MASK, is_secret_name
+
+    data = cfg.model_dump(mode="json")
+    if data["engine"].get("api_key") is not None:
+        data["engine"]["api_key"] = MASK
+    data["engine"]["args"] = {
+        k: (MASK if is_secret_name(k) else v) for k, v in data["engine"]["args"].items()
+    }
+    env = data["environment"]["vars"]
+    data["environment"]["vars"] = {k: (MASK if is_secret_name(k) else v) for k, v in env.items()}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- reference
+
+
+_BOUNDS = {"Gt": (">", "gt"), "Ge": (">=", "ge"), "Lt": ("<", "lt"), "Le": ("<=", "le")}
+
+
+def _type_name(ann: Any, bounds: list[str]) -> str:
+    """A readable type ("int or null", "one of 'a', 'b'"); numeric bounds found go to `bounds`."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is Annotated:
+        bounds += [
+            f"{_BOUNDS[type(m).__name__][0]} {_num(getattr(m, _BOUNDS[type(m).__name__][1]))}"
+            for m in args[1:]
+            if type(m).__name__ in _BOUNDS
+        ]
+        return _type_name(args[0], bounds)
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a, bounds) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or null" if type(None) in args else "")
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a, []) for a in args)}]"
+    if ann is Any:
+        return "any"
+    return getattr(ann, "__name__", str(ann))
+
+
+def _default_str(field: Any) -> str:
+    if field.is_required():
+        return "**required**"
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return ""
+    else:
+        value = field.default
+    return f"`{json.dumps(value)}`"
+
+
+def _walk_models(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[BaseModel]]]:
+    yield prefix, model
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _walk_models(ann, f"{prefix}.{name}" if prefix else name)
+
+
+def reference() -> str:
+    """The config reference as Markdown (README "Config reference"), generated from the schema."""
+    out: list[str] = []
+    for prefix, model in _walk_models(Config, ""):
+        rows = []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if name == "source_path" or (isinstance(ann, type) and issubclass(ann, BaseModel)):
+                continue
+            key = f"{prefix}.{name}" if prefix else name
+            bounds: list[str] = []
+            typ = _type_name(ann, bounds)
+            bounds += [
+                f"{_BOUNDS[type(m).__name__][0]} {_num(getattr(m, _BOUNDS[type(m).__name__][1]))}"
+                for m in field.metadata
+                if type(m).__name__ in _BOUNDS
+            ]
+            cons_s = f" ({', '.join(dict.fromkeys(bounds))})" if bounds else ""
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{key}` | {typ}{cons_s} | {_default_str(field)} | {desc} |")
+        if rows:
+            out.append(f"### `{prefix or '(top level)'}`\n")
+            out.append("| key | type | default | meaning |")
+            out.append("| --- | --- | --- | --- |")
+            out.extend(rows)
+            out.append("")
+    out.append("### Presets (`environment.presets`)\n")
+    for name, preset in env_presets().items():
+        out.append(f"`{name}`: {preset['description'].strip()}\n")
+        out.append("| variable | value | what it does | source |")
+        out.append("| --- | --- | --- | --- |")
+        for var, spec in preset["vars"].items():
+            cells = [
+                str(spec[k]).strip().replace("\n", " ").replace("|", "\\|")
+                for k in ("value", "what", "source")
+            ]
+            out.append(f"| `{var}` | `{cells[0]}` | {cells[1]} | {cells[2]} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _main(argv: list[str]) -> int:
+    if argv == ["--reference"]:
+        sys.stdout.write(reference())
+        return 0
+    print("usage: python -m xpu_serve.config --reference", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main(sys.argv[1:]))
