@@ -1,0 +1,164 @@
+"""Command line of the simulator: ``python -m xpu_serve.sim serve MODEL [vllm serve flags]``.
+
+The model is taken positionally (as ``vllm serve MODEL``) or from ``--model``. The flags vLLM
+users pass are accepted; those that shape the simulation are read (``--host``, ``--port``,
+``--served-model-name``, ``-tp``/``--tensor-parallel-size``, ``--max-model-len``, ``--dtype``,
+``--block-size``, ``--api-key``, ``--disable-log-stats``); every other flag is accepted and shown
+in the ``non-default args`` line, like vLLM does for the flags it knows.
+
+Environment: ``XPU_SERVE_SIM_FAULTS`` (see :mod:`xpu_serve.sim.faults`),
+``XPU_SERVE_SIM_TIME_SCALE``, ``XPU_SERVE_SIM_TOKEN_RATE`` (engine steps per second, default 50),
+``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300), ``VLLM_RINGBUFFER_WARNING_INTERVAL`` (60),
+``VLLM_LOG_STATS_INTERVAL`` (10), ``XPU_SERVE_INCARNATION``, ``XPU_SERVE_SIM_DIST_TAG`` (the hex in
+``/tmp/vllm_dist_<hex>`` and ``/dev/shm/vllm_dist_<hex>-cpushm_<rank>``; random by default).
+
+Exit codes: 0 after a shutdown (including every engine failure, as vLLM), 1 when start-up
+fails (as vLLM), 2 for bad arguments or a bad fault spec (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import uuid
+from typing import Any
+
+from xpu_serve.sim.faults import FaultSpecError, active, env_seconds, parse_faults, time_scale
+
+USAGE = 2
+
+
+def _bool_flag(parser: argparse.ArgumentParser, *names: str) -> None:
+    parser.add_argument(*names, action="store_true", default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for ``serve``: vLLM's flags that the simulator reads, plus leniency for the rest."""
+    p = argparse.ArgumentParser(prog="vllm serve", add_help=True)
+    p.add_argument("model_tag", nargs="?")
+    p.add_argument("--model")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--api-key")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--quantization", "-q")
+    _bool_flag(p, "--disable-log-stats")
+    _bool_flag(p, "--disable-log-requests")
+    _bool_flag(p, "--enforce-eager")
+    _bool_flag(p, "--trust-remote-code")
+    _bool_flag(p, "--disable-sliding-window")
+    return p
+
+
+def _unknown_to_dict(extra: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(extra):
+        tok = extra[i]
+        if tok.startswith("-"):
+            key, sep, val = tok.lstrip("-").partition("=")
+            key = key.replace("-", "_")
+            if sep:
+                out[key] = val
+            elif i + 1 < len(extra) and not extra[i + 1].startswith("-"):
+                out[key] = extra[i + 1]
+                i += 1
+            else:
+                out[key] = True
+        i += 1
+    return out
+
+
+def _fail(msg: str) -> int:
+    sys.stderr.write(f"xpu_serve.sim: {msg}\n")
+    sys.stderr.flush()
+    return USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the simulator; returns the exit code (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "serve":
+        return _fail("usage: python -m xpu_serve.sim serve MODEL [vllm serve flags]")
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv[1:])
+    except SystemExit as e:  # argparse printed its own one-line error (and usage)
+        return int(e.code or 0) and USAGE
+    model = args.model_tag or args.model
+    if args.model and args.model_tag and args.model_tag != args.model:
+        # `--model X --unknown-flag value`: argparse took the unknown flag's value as MODEL.
+        model = args.model
+        extra.append(args.model_tag)
+        args.model_tag = None
+    if not model:
+        return _fail("vllm serve: error: no model given (positional MODEL or --model)")
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        return _fail(f"--tensor-parallel-size: must be >= 1, got {tp}")
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port: must be 0..65535, got {args.port}")
+    try:
+        scale = time_scale()
+        faults = parse_faults(os.environ.get("XPU_SERVE_SIM_FAULTS", ""), tp)
+        exec_timeout = env_seconds("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0)
+        ring = env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0)
+        stats = env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0)
+        rate = env_seconds("XPU_SERVE_SIM_TOKEN_RATE", 50.0)
+    except FaultSpecError as e:
+        if "XPU_SERVE_SIM" in str(e) or "VLLM_" in str(e):
+            return _fail(str(e))
+        return _fail(f"XPU_SERVE_SIM_FAULTS: {e}")
+
+    dist_tag = os.environ.get("XPU_SERVE_SIM_DIST_TAG") or uuid.uuid4().hex
+    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", dist_tag):
+        return _fail(f"XPU_SERVE_SIM_DIST_TAG: letters, digits, '_' or '-' only (1-64), got {dist_tag!r}")
+
+    non_default: dict[str, Any] = {}
+    if args.model_tag:
+        non_default["model_tag"] = args.model_tag
+    for key, val in vars(args).items():
+        if key == "model_tag" or val is None:
+            continue
+        if parser.get_default(key) != val:
+            non_default[key] = val
+    non_default.setdefault("model", model)
+    non_default.update(_unknown_to_dict(extra))
+
+    from xpu_serve.sim.common import SimConfig, getenv_incarnation
+
+    cfg = SimConfig(
+        model=model,
+        served_model_name=(args.served_model_name or [model])[0],
+        tensor_parallel_size=tp,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len or 4096,
+        dtype="float16" if args.dtype in ("auto", "half") else args.dtype,
+        block_size=args.block_size or 64,
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
+        disable_log_stats=bool(args.disable_log_stats),
+        non_default_args=non_default,
+        time_scale=scale,
+        token_rate=rate,
+        stats_interval=stats,
+        ring_warning_interval=ring,
+        execute_model_timeout=exec_timeout,
+        faults=active(faults, getenv_incarnation()),
+        dist_tag=dist_tag,
+    )
+    from xpu_serve.sim.api_server import run
+
+    code = run(cfg)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no multiprocessing atexit join: the children are already handled

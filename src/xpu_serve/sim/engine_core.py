@@ -1,0 +1,620 @@
+"""The simulated ``VLLM::EngineCore`` process (vllm/v1/engine/core.py ``EngineCoreProc`` with the
+``MultiprocExecutor`` of vllm/v1/executor/multiproc_executor.py).
+
+It spawns the workers, coordinates their start-up, then runs the busy loop: every step sends
+``step`` to each worker and waits for every answer (vLLM: shm_broadcast MessageQueue), printing
+``No available shared memory broadcast block found in N seconds`` every
+VLLM_RINGBUFFER_WARNING_INTERVAL and failing with ``RPC call to execute_model timed out`` after
+VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (both scaled). A worker death is seen by a monitor thread on
+the process sentinels (``Worker proc VllmWorker-R died unexpectedly``).
+
+Protocol with the API server (one duplex pipe): in ``add``/``abort``/``serving``; out ``ready``,
+``out`` (tokens and scheduler stats per step) and ``dead``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from xpu_serve.sim import VLLM_VERSION, kernel, vlog
+from xpu_serve.sim.common import SimConfig, pci_address
+from xpu_serve.sim.worker import worker_main
+
+ENGINE_NAME = "EngineCore_DP0"
+
+
+class _Fatal(Exception):
+    def __init__(self, kind: str, in_step: bool):
+        super().__init__(kind)
+        self.kind = kind
+        self.in_step = in_step
+
+
+def run_engine_core(cfg: SimConfig, api: Connection) -> None:
+    """Entry point of the EngineCore process (multiprocessing spawn target)."""
+    EngineCore(cfg, api).run()
+
+
+class EngineCore:
+    """EngineCoreProc + MultiprocExecutor. See the module docstring."""
+
+    def __init__(self, cfg: SimConfig, api: Connection):
+        self.cfg = cfg
+        self.api = api
+        self.api_lock = threading.Lock()
+        self.inputs: queue.Queue[tuple] = queue.Queue()
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.deaths: list[Connection] = []
+        self.shutting_down = False
+        self.failed = threading.Event()
+        self.dead_rank: int | None = None
+        self.requests: dict[str, list[Any]] = {}  # rid -> [prompt_tokens, max_tokens, generated]
+        self.step_no = 0
+        self.shm: Any = None
+        self.fail_text = ""
+        self.reset_thread: threading.Thread | None = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _send_api(self, msg: tuple) -> None:
+        with self.api_lock:
+            try:
+                self.api.send(msg)
+            except (OSError, EOFError, ValueError):
+                pass
+
+    def _config_text(self) -> str:
+        c = self.cfg
+        return (
+            f"V1 LLM engine (v{VLLM_VERSION}) with config: model='{c.model}', speculative_config=None, "
+            f"tokenizer='{c.model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+            f"tokenizer_revision=None, trust_remote_code=True, dtype=torch.{c.dtype}, max_seq_len={c.max_model_len}, "
+            f"download_dir=None, load_format=auto, tensor_parallel_size={c.tensor_parallel_size}, "
+            "pipeline_parallel_size=1, data_parallel_size=1, disable_custom_all_reduce=True, quantization=None, "
+            f"enforce_eager=True, kv_cache_dtype=auto, device_config=xpu, served_model_name={c.served_model_name}, "
+            "enable_prefix_caching=True, enable_chunked_prefill=True"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> None:
+        import setproctitle
+
+        setproctitle.setproctitle("VLLM::EngineCore")
+        vlog.set_name(ENGINE_NAME)
+        vlog.install_streams()
+        if os.environ.get("PYTHONFAULTHANDLER") or self.cfg.faults_of("engine-crash"):
+            faulthandler.enable(all_threads=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        vlog.info("core.py:103", "Initializing a " + self._config_text())
+        if not os.environ.get("OMP_NUM_THREADS"):
+            vlog.warning(
+                "multiproc_executor.py:997",
+                f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 to avoid unnecessary CPU "
+                "contention. Set OMP_NUM_THREADS in the external environment to tune this value as needed.",
+            )
+        self._make_dist_files()
+        t0 = time.monotonic()
+        self._start_workers()
+        threading.Thread(target=self._read_api, name="EngineCoreInput", daemon=True).start()
+        try:
+            self._startup()
+        except _Fatal as e:
+            self._startup_failed(e.kind)
+        vlog.info(
+            "core.py:281",
+            f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - t0:.2f} seconds",
+        )
+        threading.Thread(target=self._monitor_workers, name="MultiprocWorkerMonitor", daemon=True).start()
+        self._send_api(("ready", {"kv_cache_tokens": self.cfg.kv_cache_tokens}))
+        try:
+            self.run_busy_loop()
+        except _Fatal as e:
+            self._fatal(e.kind, e.in_step)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.shutdown(clean=True)
+        os._exit(0)
+
+    def _make_dist_files(self) -> None:
+        """/tmp/vllm_dist_<hex> (vLLM's distributed init file) and a MessageQueue buffer in
+        /dev/shm registered with the resource tracker: both outlive a crash as in real vLLM."""
+        try:
+            with open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", "w"):
+                pass
+        except OSError:
+            pass
+        try:
+            from multiprocessing import shared_memory
+
+            self.shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+        except (OSError, ValueError):
+            self.shm = None
+
+    def _start_workers(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for r in range(self.cfg.tensor_parallel_size):
+            mine, theirs = ctx.Pipe(duplex=True)
+            death_r, death_w = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=worker_main, args=(self.cfg, r, theirs, death_r), name=f"VllmWorker-{r}", daemon=True
+            )
+            p.start()
+            theirs.close()
+            death_r.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+            self.deaths.append(death_w)
+
+    def _startup(self) -> None:
+        tp = self.cfg.tensor_parallel_size
+        reached: dict[str, set[int]] = {}
+        ready: set[int] = set()
+        conn_rank = {id(c): r for r, c in enumerate(self.conns)}
+        sentinel_rank = {p.sentinel: r for r, p in enumerate(self.procs)}
+        live: list[Any] = list(self.conns) + list(sentinel_rank)
+        while len(ready) < tp:
+            for obj in wait(live):
+                if isinstance(obj, int):
+                    r = sentinel_rank[obj]
+                    self.dead_rank = r
+                    raise _Fatal("startup-died", False)
+                r = conn_rank[id(obj)]
+                try:
+                    msg: Any = obj.recv()  # type: ignore[union-attr,call-arg]
+                except (EOFError, OSError):
+                    live.remove(obj)
+                    continue
+                if msg[0] == "reached":
+                    got = reached.setdefault(msg[1], set())
+                    got.add(r)
+                    if len(got) == tp:
+                        if msg[1] == "kv-cache":
+                            self._kv_cache_lines()
+                        for c in self.conns:
+                            c.send(("go", msg[1]))
+                elif msg[0] == "ready":
+                    ready.add(r)
+                elif msg[0] == "failed":
+                    self.dead_rank = r
+                    self.fail_text = msg[1]
+                    raise _Fatal("startup-rpc" if msg[2] == "kv-cache" else "startup-died", False)
+
+    def _kv_cache_lines(self) -> None:
+        c = self.cfg
+        vlog.info("kv_cache_utils.py:1316", f"GPU KV cache size: {c.kv_cache_tokens:,} tokens")
+        vlog.info(
+            "kv_cache_utils.py:1321",
+            f"Maximum concurrency for {c.max_model_len:,} tokens per request: {c.kv_cache_tokens / c.max_model_len:.2f}x",
+        )
+
+    def _startup_failed(self, kind: str) -> None:
+        if kind == "startup-rpc":
+            frames = [
+                (
+                    "vllm/v1/engine/core.py",
+                    927,
+                    "run_engine_core",
+                    "engine_core = EngineCoreProc(*args, **kwargs)",
+                ),
+                ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
+                (
+                    "vllm/v1/engine/core.py",
+                    113,
+                    "__init__",
+                    "num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(",
+                ),
+                (
+                    "vllm/v1/engine/core.py",
+                    229,
+                    "_initialize_kv_caches",
+                    "available_gpu_memory = self.model_executor.determine_available_memory()",
+                ),
+                (
+                    "vllm/v1/executor/abstract.py",
+                    126,
+                    "determine_available_memory",
+                    'return self.collective_rpc("determine_available_memory")',
+                ),
+                (
+                    "vllm/v1/executor/multiproc_executor.py",
+                    358,
+                    "collective_rpc",
+                    "return aggregate(get_response())",
+                ),
+                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError("),
+            ]
+            exc = (
+                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
+                "trace above for the root cause"
+            )
+        else:
+            if self.dead_rank is not None and self.procs[self.dead_rank].exitcode is not None:
+                vlog.error(
+                    "multiproc_executor.py:231",
+                    f"Worker proc VllmWorker-{self.dead_rank} died unexpectedly, shutting down executor.",
+                )
+            frames = [
+                (
+                    "vllm/v1/engine/core.py",
+                    927,
+                    "run_engine_core",
+                    "engine_core = EngineCoreProc(*args, **kwargs)",
+                ),
+                ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
+                (
+                    "vllm/v1/engine/core.py",
+                    105,
+                    "__init__",
+                    "self.model_executor = executor_class(vllm_config)",
+                ),
+                ("vllm/v1/executor/abstract.py", 101, "__init__", "self._init_executor()"),
+                (
+                    "vllm/v1/executor/multiproc_executor.py",
+                    174,
+                    "_init_executor",
+                    "self.workers = WorkerProc.wait_for_ready(unready_workers)",
+                ),
+                ("vllm/v1/executor/multiproc_executor.py", 660, "wait_for_ready", "raise e from None"),
+            ]
+            exc = (
+                "Exception: WorkerProc initialization failed due to an exception in a background process. "
+                "See stack trace for root cause."
+            )
+        vlog.error("core.py:936", "EngineCore failed to start.\n" + vlog.traceback_text(frames, exc))
+        self.shutdown(clean=False)
+        self._process_traceback(frames[:1], exc)
+        sys.stdout.flush()
+        os._exit(1)
+
+    def _process_traceback(self, frames: list[tuple[str, int, str, str]], exc: str) -> None:
+        """What multiprocessing prints when the process target raises (BaseProcess._bootstrap)."""
+        head = [
+            ("py:multiprocessing/process.py", 314, "_bootstrap", "self.run()"),
+            ("py:multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
+            ("vllm/v1/engine/core.py", 940, "run_engine_core", "raise e"),
+        ]
+        sys.stderr.write(f"Process {ENGINE_NAME}:\n" + vlog.traceback_text(head + frames, exc) + "\n")
+        sys.stderr.flush()
+
+    def shutdown(self, clean: bool) -> None:
+        """Stop the workers: close their death pipes, SIGTERM, then SIGKILL after a grace period
+        (vLLM MultiprocExecutor.shutdown / _ensure_worker_termination)."""
+        self.shutting_down = True
+        for p in self.procs:
+            if p.is_alive() and p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + self.cfg.scaled(4.0, floor=0.5)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for d in self.deaths:
+            try:
+                d.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            if p.is_alive() and p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                p.join(1.0)
+        if clean and self.shm is not None:
+            try:
+                self.shm.close()
+                self.shm.unlink()
+            except OSError:
+                pass
+
+    # -- running -----------------------------------------------------------------------------
+    def _read_api(self) -> None:
+        try:
+            while True:
+                msg = self.api.recv()
+                if msg[0] == "serving":
+                    for c in self.conns:
+                        try:
+                            c.send(("serving",))
+                        except OSError:
+                            pass
+                    for f in self.cfg.faults_of("engine-crash"):
+                        threading.Timer(
+                            self.cfg.scaled(f.after or 0.0), self._crash, (f.signal or "SEGV",)
+                        ).start()
+                else:
+                    self.inputs.put(msg)
+        except (EOFError, OSError):
+            pass
+        # The API server is gone (vLLM: the engine's parent-death check).
+        if self.cfg.orphans or self.shutting_down:
+            return
+        for d in self.deaths:  # the workers see their parent go first
+            try:
+                d.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + self.cfg.scaled(1.0, floor=0.3)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self.shutdown(clean=False)
+        os._exit(0)
+
+    def _crash(self, sig: str) -> None:
+        sys.stdout.flush()
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+
+    def _monitor_workers(self) -> None:
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        ready = wait(list(sentinels))
+        if self.shutting_down:
+            return
+        r = sentinels[ready[0]]  # type: ignore[index]
+        self.dead_rank = r
+        vlog.error(
+            "multiproc_executor.py:231",
+            f"Worker proc VllmWorker-{r} died unexpectedly, shutting down executor.",
+        )
+        for f in self.cfg.faults_of("worker-segv", r):
+            if f.kernel:
+                self.reset_thread = threading.Thread(
+                    target=self._engine_resets, args=(f.kernel,), daemon=True
+                )
+                self.reset_thread.start()
+        # Executor shutdown: tell the surviving ranks a peer died, then close their death pipes.
+        self.shutting_down = True
+        for i, d in enumerate(self.deaths):
+            try:
+                if i != r:
+                    d.send(("peer-died", r))
+                d.close()
+            except OSError:
+                pass
+        self.failed.set()
+        self.inputs.put(("executor-failed",))
+
+    def _engine_resets(self, path: str) -> None:
+        """After the user-mode driver died, the xe driver resets each card's copy engine (BCS)."""
+        for dev in range(self.cfg.tensor_parallel_size):
+            time.sleep(self.cfg.scaled(1.2))
+            kernel.write_records(path, [kernel.engine_reset_record(pci_address(dev), 54 - 7 * dev)])
+
+    def run_busy_loop(self) -> None:
+        while True:
+            block = not self.requests
+            try:
+                msg = self.inputs.get(timeout=0.5) if block else self.inputs.get_nowait()
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                self._handle_client_request(msg)
+                try:
+                    msg = self.inputs.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if self.requests:
+                self.step()
+
+    def _handle_client_request(self, msg: tuple) -> None:
+        if msg[0] == "add":
+            self.requests[msg[1]] = [int(msg[2]), int(msg[3]), 0]
+        elif msg[0] == "abort":
+            self.requests.pop(msg[1], None)
+        elif msg[0] == "executor-failed":
+            # With requests in flight the step waiting on the dead worker is cancelled (the shape of
+            # every real log with traffic); idle, the input queue reports the executor failure.
+            raise _Fatal("cancelled", True) if self.requests else _Fatal("executor-failed", False)
+
+    def step(self) -> None:
+        """One engine step: every worker runs the forward pass; one token per running request."""
+        self.step_no += 1
+        n = self.step_no
+        for c in self.conns:
+            try:
+                c.send(("step", n, len(self.requests)))
+            except OSError:
+                pass
+        pending = set(range(len(self.conns)))
+        live = {id(c): r for r, c in enumerate(self.conns)}
+        t0 = time.monotonic()
+        warn_every = self.cfg.scaled(self.cfg.ring_warning_interval)
+        next_warn = t0 + warn_every
+        deadline = t0 + self.cfg.scaled(self.cfg.execute_model_timeout)
+        while pending:
+            if self.failed.is_set():
+                raise _Fatal("cancelled", True)
+            now = time.monotonic()
+            if now >= deadline:
+                raise _Fatal("timeout", True)
+            if now >= next_warn:
+                iv = self.cfg.ring_warning_interval
+                vlog.info(
+                    "shm_broadcast.py:542",
+                    f"No available shared memory broadcast block found in {int(iv) if iv == int(iv) else iv} "
+                    "seconds. This typically happens when some processes are hanging or doing some "
+                    "time-consuming work (e.g. compilation, weight/kv cache quantization).",
+                )
+                next_warn += warn_every
+            conns = [c for c in self.conns if id(c) in live and live[id(c)] in pending]
+            timeout = max(0.0, min(0.05, next_warn - now, deadline - now))
+            for obj in wait(conns, timeout=timeout) if conns else []:
+                c = obj  # type: ignore[assignment]
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    live.pop(id(c), None)
+                    continue
+                if msg[0] == "out" and msg[1] == n:
+                    pending.discard(msg[2])
+            if not conns:
+                time.sleep(timeout)
+        outs = []
+        prompt_new = 0
+        for rid, req in list(self.requests.items()):
+            if req[2] == 0:
+                prompt_new += req[0]
+            req[2] += 1
+            finished = req[2] >= req[1]
+            outs.append((rid, req[2] - 1, finished))
+            if finished:
+                del self.requests[rid]
+        in_kv = sum(r[0] + r[2] for r in self.requests.values())
+        stats = {
+            "running": len(self.requests),
+            "waiting": 0,
+            "kv_usage": min(1.0, in_kv / max(1, self.cfg.kv_cache_tokens)),
+            "prompt_tokens": prompt_new,
+            "generation_tokens": len(outs),
+        }
+        self._send_api(("out", outs, stats))
+
+    def _fatal(self, kind: str, in_step: bool) -> None:
+        if in_step:
+            vlog.error("dump_input.py:72", "Dumping input data for " + self._config_text())
+            ids = list(self.requests)
+            vlog.error(
+                "dump_input.py:79",
+                "Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[], "
+                f"scheduled_cached_reqs=CachedRequestData(req_ids={ids!r},resumed_req_ids=set(),new_token_ids_lens=[],"
+                f"all_token_ids_lens={{}},new_block_ids={[None] * len(ids)!r},"
+                f"num_computed_tokens={[r[0] + r[2] for r in self.requests.values()]!r},"
+                f"num_output_tokens={[r[2] for r in self.requests.values()]!r}), "
+                f"total_num_scheduled_tokens={len(ids)}, scheduled_spec_decode_tokens={{}}, finished_req_ids=[])",
+            )
+            in_kv = sum(r[0] + r[2] for r in self.requests.values())
+            vlog.error(
+                "dump_input.py:81",
+                f"Dumping scheduler stats: SchedulerStats(num_running_reqs={len(ids)}, num_waiting_reqs=0, "
+                f"step_counter=0, current_wave=0, kv_cache_usage={in_kv / max(1, self.cfg.kv_cache_tokens)}, "
+                "prefix_cache_stats=PrefixCacheStats(reset=False, requests=0, queries=0, hits=0, "
+                "preempted_requests=0, preempted_queries=0, preempted_hits=0), spec_decoding_stats=None, "
+                "kv_connector_stats=None, cudagraph_stats=None, perf_stats=None)",
+            )
+        busy = [
+            ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
+            ("vllm/v1/engine/core.py", 956, "run_busy_loop", "self._process_engine_step()"),
+            (
+                "vllm/v1/engine/core.py",
+                989,
+                "_process_engine_step",
+                "outputs, model_executed = self.step_fn()",
+            ),
+            ("vllm/v1/engine/core.py", 388, "step", "model_output = future.result()"),
+            ("vllm/v1/executor/multiproc_executor.py", 80, "result", "return super().result()"),
+            ("py:concurrent/futures/_base.py", 449, "result", "return self.__get_result()"),
+            ("py:concurrent/futures/_base.py", 401, "__get_result", "raise self._exception"),
+            (
+                "vllm/v1/executor/multiproc_executor.py",
+                84,
+                "wait_for_response",
+                "response = self.aggregate(get_response())",
+            ),
+        ]
+        if kind == "timeout":
+            inner = vlog.traceback_text(
+                [
+                    (
+                        "vllm/v1/executor/multiproc_executor.py",
+                        336,
+                        "get_response",
+                        "status, result = mq.dequeue(",
+                    ),
+                    (
+                        "vllm/distributed/device_communicators/shm_broadcast.py",
+                        616,
+                        "dequeue",
+                        "with self.acquire_read(timeout, cancel, indefinite) as buf:",
+                    ),
+                    ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
+                    (
+                        "vllm/distributed/device_communicators/shm_broadcast.py",
+                        536,
+                        "acquire_read",
+                        "raise TimeoutError",
+                    ),
+                ],
+                "TimeoutError",
+            )
+            frames = busy + [
+                (
+                    "vllm/v1/executor/multiproc_executor.py",
+                    340,
+                    "get_response",
+                    'raise TimeoutError(f"RPC call to {method} timed out.") from e',
+                )
+            ]
+            exc = "TimeoutError: RPC call to execute_model timed out."
+            tb = (
+                inner
+                + "\n\nThe above exception was the direct cause of the following exception:\n\n"
+                + vlog.traceback_text(frames, exc, caret=True)
+            )
+        elif kind == "cancelled":
+            frames = busy + [
+                (
+                    "vllm/v1/executor/multiproc_executor.py",
+                    336,
+                    "get_response",
+                    "status, result = mq.dequeue(timeout=dequeue_timeout)",
+                ),
+                (
+                    "vllm/distributed/device_communicators/shm_broadcast.py",
+                    616,
+                    "dequeue",
+                    "with self.acquire_read(timeout, cancel, indefinite) as buf:",
+                ),
+                ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
+                (
+                    "vllm/distributed/device_communicators/shm_broadcast.py",
+                    530,
+                    "acquire_read",
+                    'raise RuntimeError("cancelled")',
+                ),
+            ]
+            exc = "RuntimeError: cancelled"
+            tb = vlog.traceback_text(frames, exc, caret=True)
+        else:  # executor failed while idle
+            frames = [
+                ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
+                ("vllm/v1/engine/core.py", 954, "run_busy_loop", "self._process_input_queue()"),
+                ("vllm/v1/engine/core.py", 981, "_process_input_queue", "self._handle_client_request(*req)"),
+                (
+                    "vllm/v1/engine/core.py",
+                    1014,
+                    "_handle_client_request",
+                    'raise RuntimeError("Executor failed.")',
+                ),
+            ]
+            exc = "RuntimeError: Executor failed."
+            tb = vlog.traceback_text(frames, exc)
+        vlog.error("core.py:938", "EngineCore encountered a fatal error.\n" + tb)
+        self._send_api(("dead",))
+        if not self.shutting_down:
+            # Executor shutdown after a hang: the workers' death pipes close.
+            self.shutting_down = True
+            for d in self.deaths:
+                try:
+                    d.close()
+                except OSError:
+                    pass
+        deadline = time.monotonic() + self.cfg.scaled(5.0, floor=0.5)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self.shutdown(clean=False)
+        if self.reset_thread is not None:
+            self.reset_thread.join(self.cfg.scaled(10.0, floor=1.0))
+        self._process_traceback(frames, exc)
+        sys.stdout.flush()
+        os._exit(1)

@@ -1,0 +1,272 @@
+"""Start the simulator as a real process tree from tests and benchmarks, and always clean it up.
+
+    with SimRun(tmp_path, tp=4, faults="worker-segv rank=0 after=50") as sim:
+        sim.wait_ready()
+        status, body = sim.get("/health")
+
+Every process of a run carries ``XPU_SERVE_SIM_RUN_ID=<uuid>`` in its environment (inherited, like
+``XPU_SERVE_INCARNATION``; visible in /proc/PID/environ because the run sets ``SPT_NOENV=1``), so :meth:`SimRun.processes` finds the whole tree, re-parented orphans
+included, and :meth:`SimRun.kill_all` leaves nothing behind. The run's own /dev/shm and /tmp
+``vllm_dist_*`` leftovers are removed by :meth:`SimRun.cleanup_leftovers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PREFIX_RE = re.compile(r"^\((?P<name>[\w:.-]+) pid=(?P<pid>\d+)\) ")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SimRun:
+    """One ``python -m xpu_serve.sim serve`` process tree, output merged into ``log_path``.
+
+    Args:
+        workdir: directory for the log (``sim.log``).
+        tp: tensor parallel size.
+        faults: ``XPU_SERVE_SIM_FAULTS`` value.
+        scale: ``XPU_SERVE_SIM_TIME_SCALE``.
+        env: extra environment variables (override everything else).
+        args: extra ``vllm serve`` flags.
+        served_name: ``--served-model-name``.
+    """
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        tp: int = 4,
+        faults: str = "",
+        scale: float = 0.01,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        served_name: str = "sim",
+        model: str = "/models/Qwen3-30B-A3B",
+    ):
+        self.workdir = Path(workdir)
+        self.log_path = self.workdir / "sim.log"
+        self.port = free_port()
+        self.run_id = uuid.uuid4().hex
+        self.served_name = served_name
+        self.argv = [
+            sys.executable,
+            "-m",
+            "xpu_serve.sim",
+            "serve",
+            model,
+            "--served-model-name",
+            served_name,
+            "--tensor-parallel-size",
+            str(tp),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *(args or []),
+        ]
+        self.env = dict(os.environ)
+        for k in list(self.env):
+            if k.startswith(("XPU_SERVE_SIM_", "VLLM_")):
+                del self.env[k]
+        self.env.update(
+            {
+                "XPU_SERVE_SIM_FAULTS": faults,
+                "XPU_SERVE_SIM_TIME_SCALE": str(scale),
+                "XPU_SERVE_SIM_RUN_ID": self.run_id,
+                "XPU_SERVE_SIM_DIST_TAG": self.run_id,
+                # setproctitle (vLLM's titles) blanks /proc/PID/environ unless SPT_NOENV is set; the
+                # supervisor sets it too (supervisor.py), so the marker sweep can see every process.
+                "SPT_NOENV": "1",
+                "PYTHONFAULTHANDLER": "1",
+                "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+                "CCL_ATL_TRANSPORT": "ofi",
+            }
+        )
+        self.env.update(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> SimRun:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()
+        self.cleanup_leftovers()
+
+    def start(self) -> None:
+        """Launch the API server in its own session (like a supervisor does)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                cwd=str(self.workdir),
+            )
+        self.started = time.monotonic()
+
+    # -- observation -------------------------------------------------------------------------
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        """GET `path`; (status, body); status 0 when there was no HTTP answer."""
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (OSError, TimeoutError):
+            return 0, b""
+
+    def post(self, path: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int, bytes]:
+        """POST JSON; (status, body); status 0 when there was no HTTP answer."""
+        req = urllib.request.Request(
+            self.url(path), data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (OSError, TimeoutError):
+            return 0, b""
+
+    def stream(self, path: str, body: dict[str, Any], timeout: float = 30.0) -> list[str]:
+        """POST with ``stream: true``; the ``data: ...`` payloads in order."""
+        req = urllib.request.Request(
+            self.url(path),
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        events = []
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        return events
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        """Wait for ``/health`` 200; returns seconds since start. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            # Before start-up completes the bound port accepts but never answers (as vLLM), so
+            # probe /health only once the log says the application started.
+            if "Application startup complete." in self.log() and self.get("/health", timeout=0.5)[0] == 200:
+                return time.monotonic() - self.started
+            if self.proc is not None and self.proc.poll() is not None:
+                raise TimeoutError(
+                    f"simulator exited with {self.proc.returncode} before ready:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise TimeoutError(f"simulator not ready after {timeout}s:\n{self.log()[-3000:]}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """Wait for the API server to exit; its return code. Raises subprocess.TimeoutExpired."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def wait_for_line(self, pattern: str, timeout: float = 15.0) -> re.Match[str]:
+        """Wait until the log has a line matching regex `pattern`. Raises TimeoutError."""
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = rx.search(self.log())
+            if m:
+                return m
+            time.sleep(0.05)
+        raise TimeoutError(f"no line matching {pattern!r} after {timeout}s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        """The merged output so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def lines(self) -> list[str]:
+        return self.log().splitlines()
+
+    def pids_by_name(self) -> dict[str, int]:
+        """Log prefix name -> pid (the last name each pid used: "Worker_TP0", "EngineCore_DP0"...)."""
+        out: dict[str, int] = {}
+        for line in self.lines():
+            m = PREFIX_RE.match(line)
+            if m:
+                out[m.group("name")] = int(m.group("pid"))
+        return out
+
+    def processes(self) -> list[psutil.Process]:
+        """Live (non-zombie) processes of this run, found by XPU_SERVE_SIM_RUN_ID in their environment."""
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if (
+                    p.environ().get("XPU_SERVE_SIM_RUN_ID") == self.run_id
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
+                    found.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def wait_gone(self, timeout: float = 10.0) -> list[psutil.Process]:
+        """Wait until no process of the run is alive; returns the survivors at the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None:
+                self.proc.poll()
+            left = self.processes()
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.05)
+
+    # -- cleanup -----------------------------------------------------------------------------
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run (session, then environment marker) and reap the API server."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+
+    def leftovers(self) -> list[str]:
+        """``/dev/shm/vllm_dist_<tag>-*`` and ``/tmp/vllm_dist_<tag>`` of this run that still exist
+        (the run's tag is its run id, passed as XPU_SERVE_SIM_DIST_TAG)."""
+        tag = self.run_id
+        return sorted(glob.glob(f"/dev/shm/vllm_dist_{tag}*") + glob.glob(f"/tmp/vllm_dist_{tag}"))
+
+    def cleanup_leftovers(self) -> None:
+        """Remove this run's leaked segments and files (what a supervisor's sweep would do)."""
+        for path in self.leftovers():
+            with contextlib.suppress(OSError):
+                os.unlink(path)

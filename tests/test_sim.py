@@ -1,0 +1,318 @@
+"""The simulator (xpu_serve.sim): fault-spec parsing, kernel record formats, and one healthy run
+as a real process tree (titles, environment, HTTP, metrics, token flow, SIGTERM, leftovers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from xpu_serve.sim.faults import FaultSpecError, active, parse_faults
+from xpu_serve.sim.harness import PREFIX_RE, SimRun
+from xpu_serve.sim.kernel import engine_reset_record, oom_records, segfault_records, write_records
+
+VLLM_LINE = re.compile(
+    r"^\((?P<name>[\w.-]+) pid=\d+\) (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] "
+)
+
+
+# -- fault specs -------------------------------------------------------------------------------
+def test_parse_faults_fills_defaults_and_keeps_order() -> None:
+    faults = parse_faults(
+        " worker-segv rank=2 after=30 kernel=/tmp/k.log ; worker-hang rank=1 incarnation=3;"
+        "startup-hang phase=ccl-init rank=1; device-oom; slow-start seconds=5; orphans; engine-crash signal=kill",
+        4,
+    )
+    assert [f.kind for f in faults] == [
+        "worker-segv",
+        "worker-hang",
+        "startup-hang",
+        "device-oom",
+        "slow-start",
+        "orphans",
+        "engine-crash",
+    ]
+    segv, hang, stall, oom, slow, orphans, crash = faults
+    assert (segv.rank, segv.after, segv.kernel, segv.incarnation) == (2, 30.0, "/tmp/k.log", None)
+    assert (hang.rank, hang.after, hang.incarnation) == (1, 0.0, 3)
+    assert (stall.phase, stall.rank, stall.after) == ("ccl-init", 1, None)
+    assert (oom.rank, oom.phase) == (0, "kv-cache")
+    assert slow.seconds == 5.0
+    assert crash.signal == "KILL"
+    assert parse_faults("  ;  ", 4) == []
+
+
+def test_active_filters_by_incarnation() -> None:
+    faults = parse_faults("worker-exit rank=0 incarnation=1; worker-exit rank=1 incarnation=2; orphans", 2)
+    assert [f.rank for f in active(faults, "2") if f.kind == "worker-exit"] == [1]
+    assert [f.kind for f in active(faults, None)] == ["orphans"]
+    assert len(active(faults, "1")) == 2
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("bogus rank=1", "unknown fault kind 'bogus'"),
+        ("worker-segv rank=4", "rank: 4 is out of range for tensor parallel size 4"),
+        ("worker-segv rank=x", "rank: expected an integer, got 'x'"),
+        ("worker-hang after=-1", "after: must be a finite number >= 0"),
+        ("worker-hang phase=load", "worker-hang does not take phase="),
+        ("startup-hang rank=1", "startup-hang needs phase="),
+        ("startup-hang phase=boot", "phase: unknown phase 'boot'"),
+        ("worker-exit code=300", "code: must be 0..255"),
+        ("slow-start", "slow-start needs seconds="),
+        ("worker-segv rank", "expected key=value, got 'rank'"),
+        ("worker-segv kernel=/no/such/dir/k.log", "kernel: directory /no/such/dir does not exist"),
+        ("api-crash signal=HUP", "signal: one of"),
+        ("worker-segv after=1 phase=load", "give after= or phase=, not both"),
+    ],
+)
+def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
+    with pytest.raises(FaultSpecError) as e:
+        parse_faults(f"orphans; {spec}", 4)
+    assert needle in str(e.value)
+    assert repr(spec) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        (
+            {"XPU_SERVE_SIM_FAULTS": "worker-segv rank=9"},
+            "XPU_SERVE_SIM_FAULTS: 'worker-segv rank=9': rank: 9",
+        ),
+        ({"XPU_SERVE_SIM_TIME_SCALE": "fast"}, "XPU_SERVE_SIM_TIME_SCALE: expected a number > 0"),
+        (
+            {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "0"},
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: expected seconds > 0",
+        ),
+    ],
+)
+def test_bad_spec_exits_2_with_one_line(env: dict[str, str], needle: str, tmp_path) -> None:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("XPU_SERVE_SIM_", "VLLM_"))}
+    full.update(env)
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_serve.sim", "serve", "m", "-tp", "4", "--port", "1"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("xpu_serve.sim: ") and needle in lines[0]
+
+
+# -- kernel records ----------------------------------------------------------------------------
+def test_kernel_records_dmesg_format(tmp_path) -> None:
+    path = tmp_path / "dmesg.txt"
+    up = time.clock_gettime(time.CLOCK_BOOTTIME)
+    write_records(
+        str(path), segfault_records("VLLM::Worker_TP", 8335, 65) + [engine_reset_record("0000:0e:00.0", 54)]
+    )
+    write_records(str(path), oom_records("VLLM::Worker_TP", os.getpid()))
+    lines = path.read_text().splitlines()
+    assert len(lines) == 6
+    stamps = [float(re.match(r"^\[\s*(\d+\.\d{6})\] ", ln).group(1)) for ln in lines]  # type: ignore[union-attr]
+    assert stamps == sorted(stamps) and abs(stamps[0] - up) < 5
+    assert re.fullmatch(
+        r"\[\s*\d+\.\d{6}\] VLLM::Worker_TP\[8335\]: segfault at [0-9a-f]+ ip [0-9a-f]{16} sp [0-9a-f]{16} error 4 "
+        r"in libze_intel_gpu\.so\.1\.14\.37020\[[0-9a-f]+,[0-9a-f]+\+9d4000\] likely on CPU 65 \(core \d+, socket 0\)",
+        lines[0],
+    )
+    assert lines[1].split("] ", 1)[1].startswith("Code: ")
+    assert lines[2].endswith(
+        "xe 0000:0e:00.0: [drm] Tile0: GT0: Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=54"
+    )
+    assert f"Out of memory: Killed process {os.getpid()} (VLLM::Worker_TP) total-vm:" in lines[5]
+    assert re.search(r"anon-rss:[1-9]\d*kB", lines[5])  # real sizes of this process
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+# -- one healthy run ---------------------------------------------------------------------------
+def test_healthy_tree_logs_http_metrics_and_sigterm(tmp_path) -> None:
+    with SimRun(
+        tmp_path,
+        tp=4,
+        env={
+            "XPU_SERVE_INCARNATION": "7",
+            "XPU_SERVE_SIM_TOKEN_RATE": "200",
+            "XPU_SERVE_SIM_FAULTS": "worker-segv rank=0 incarnation=6",
+        },
+    ) as sim:
+        took = sim.wait_ready(30)
+        assert took < 15  # ~1-2 s at scale 0.01 on an idle 2-core VM
+
+        # Process tree: API server -> resource tracker, VLLM::EngineCore -> VLLM::Worker_TP0..3
+        api = psutil.Process(sim.proc.pid)  # type: ignore[union-attr]
+        kids = api.children()
+        engine = [p for p in kids if _comm(p.pid) == "VLLM::EngineCor"]
+        assert len(engine) == 1 and engine[0].cmdline()[0] == "VLLM::EngineCore"
+        tracker = [p for p in kids if "resource_tracker" in " ".join(p.cmdline())]
+        assert len(tracker) == 1
+        workers = engine[0].children()
+        assert sorted(w.cmdline()[0] for w in workers) == [f"VLLM::Worker_TP{r}" for r in range(4)]
+        assert {_comm(w.pid) for w in workers} == {"VLLM::Worker_TP"}  # comm cut to 15 bytes
+        for p in [api, engine[0], *workers, *tracker]:
+            assert p.environ()["XPU_SERVE_INCARNATION"] == "7"
+            assert os.getpgid(p.pid) == api.pid  # one process group, as vLLM
+
+        # Log prefixes and start-up milestones in vLLM's formats.
+        names = sim.pids_by_name()
+        assert names["APIServer"] == api.pid and names["EngineCore_DP0"] == engine[0].pid
+        for w in workers:
+            r = int(w.cmdline()[0][-1])
+            assert names[f"Worker_TP{r}"] == w.pid
+        log = sim.log()
+        for r in range(4):
+            assert re.search(
+                rf"^\(Worker pid=\d+\) INFO .* \[parallel_state\.py:\d+\] world_size=4 rank={r} "
+                rf"local_rank={r} distributed_init_method=tcp://127\.0\.0\.1:\d+ backend=xccl$",
+                log,
+                re.M,
+            )
+            assert re.search(
+                rf"^\d{{4}}:\d\d:\d\d-\d\d:\d\d:\d\d: \d+:\[{r}\] \|CCL_WARN\| topology recognition",
+                log,
+                re.M,
+            )
+        assert re.search(
+            r"^\d{4}:\d\d:\d\d-\d\d:\d\d:\d\d: \d+ \|CCL_WARN\| value of CCL_ATL_TRANSPORT changed to be ofi "
+            r"\(default:mpi\)$",
+            log,
+            re.M,
+        )
+        assert re.search(r"^Loading safetensors checkpoint shards: 100% Completed \| 16/16 ", log, re.M)
+        assert re.search(r"\[kv_cache_utils\.py:\d+\] GPU KV cache size: 220,160 tokens$", log, re.M)
+        assert f"(APIServer pid={api.pid}) INFO:     Application startup complete." in log
+        assert "Fatal Python error" not in log  # the incarnation=6 fault is not for incarnation 7
+        for line in sim.lines():
+            m = PREFIX_RE.match(line)
+            if m and " INFO:     " not in line and line != m.group(0):
+                assert VLLM_LINE.match(line), line
+
+        # HTTP
+        assert sim.get("/health") == (200, b"")
+        status, body = sim.get("/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "sim"
+        assert json.loads(sim.get("/version")[1])["version"].startswith("0.")
+        status, body = sim.post("/v1/completions", {"model": "sim", "prompt": "hello world", "max_tokens": 7})
+        out = json.loads(body)
+        assert (
+            status == 200
+            and out["usage"]["completion_tokens"] == 7
+            and out["choices"][0]["finish_reason"] == "length"
+        )
+        status, body = sim.post(
+            "/v1/chat/completions",
+            {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+        events = sim.stream(
+            "/v1/chat/completions",
+            {"model": "sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5},
+        )
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert [c["choices"][0]["delta"].get("content") for c in chunks[1:]].count(None) == 0
+        assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        events = sim.stream("/v1/completions", {"model": "sim", "prompt": "x", "max_tokens": 3})
+        assert len(events) == 4 and events[-1] == "[DONE]"
+        assert sim.post("/v1/completions", {"model": "nope", "prompt": "x"})[0] == 404
+        assert sim.post("/v1/completions", {"model": "sim", "prompt": "x", "max_tokens": 10**6})[0] == 400
+
+        # Metrics: vLLM's names and labels; the token counters count what was generated.
+        text = sim.get("/metrics")[1].decode()
+        lbl = '{engine="0",model_name="sim"}'
+        for fam in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+            assert f"{fam}{lbl} 0.0" in text
+        gen = float(
+            re.search(
+                r'^vllm:generation_tokens_total\{engine="0",model_name="sim"\} (\S+)$', text, re.M
+            ).group(1)
+        )  # type: ignore[union-attr]
+        assert gen == 7 + 4 + 5 + 3
+        assert re.search(r'^vllm:prompt_tokens_total\{engine="0",model_name="sim"\} [1-9]', text, re.M)
+        assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="sim"} 4.0' in text
+
+        # Periodic stats line and uvicorn access lines.
+        sim.wait_for_line(
+            r"\[loggers\.py:\d+\] Engine 000: Avg prompt throughput: \d+\.\d tokens/s, Avg generation "
+            r"throughput: \d+\.\d tokens/s, Running: \d+ reqs, Waiting: 0 reqs, GPU KV cache usage: "
+            r"\d+\.\d%, Prefix cache hit rate: 0\.0%$"
+        )
+        assert re.search(
+            rf'^\(APIServer pid={api.pid}\) INFO:     127\.0\.0\.1:\d+ - "POST /v1/completions HTTP/1\.1" '
+            r"200 OK$",
+            sim.log(),
+            re.M,
+        )
+
+        # SIGTERM: the tree shuts down like vLLM, exit 0, leaving its /dev/shm and /tmp files.
+        sim.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert sim.wait_exit(15) == 0
+        assert sim.wait_gone(10) == []
+        log = sim.log()
+        assert "INFO:     Shutting down" in log and f"INFO:     Finished server process [{api.pid}]" in log
+        assert log.count("WorkerProc shutting down.") == 4
+        left = sim.leftovers()
+        assert f"/tmp/vllm_dist_{sim.run_id}" in left
+        assert [p for p in left if p.startswith("/dev/shm/")] == [
+            f"/dev/shm/vllm_dist_{sim.run_id}-cpushm_{r}" for r in range(4)
+        ]
+    assert SimRun.__exit__ and not sim.leftovers()
+
+
+def test_busy_port_fails_like_vllm(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        sim = SimRun(tmp_path, tp=2)
+        sim.port = s.getsockname()[1]
+        sim.argv[sim.argv.index("--port") + 1] = str(sim.port)
+        with sim:
+            assert sim.wait_exit(30) == 1
+            assert sim.log().rstrip().endswith("OSError: [Errno 98] Address already in use")
+            assert sim.wait_gone(5) == []
+
+
+@pytest.mark.kmsg
+def test_kernel_records_into_dev_kmsg() -> None:
+    if os.environ.get("XPU_SERVE_TEST_KMSG") != "1" or not os.access("/dev/kmsg", os.W_OK):
+        pytest.skip("writes to the real kernel log: set XPU_SERVE_TEST_KMSG=1 (root)")
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    os.lseek(fd, 0, os.SEEK_END)
+    pci = f"0000:{os.getpid() % 256:02x}:00.7"  # unique enough to find our own record
+    write_records("/dev/kmsg", [engine_reset_record(pci, 99)])
+    found = []
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:
+                break
+            if pci in rec:
+                found.append(rec)
+    finally:
+        os.close(fd)
+    assert found and re.match(
+        r"^\d+,\d+,\d+,[-c];xe " + re.escape(pci) + r": \[drm\] Tile0: GT0: Engine reset", found[0]
+    )
