@@ -1,0 +1,618 @@
+"""LogPump with real subprocesses and real pipes: demux, rotation, drops, burst, disk errors, EOF."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xpu_serve.sources.vllm_output import LogPump, PumpStats
+
+from .conftest import FIXTURES
+
+QWEN = FIXTURES / "cases" / "qwen3-30b-worker0-died" / "vllm.log"
+CPU_TP2 = FIXTURES / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
+
+
+@contextlib.contextmanager
+def child(argv: list[str], **kw: object) -> Iterator[subprocess.Popen[bytes]]:
+    """A child with stdout and stderr on pipes; killed and reaped whatever happens."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+class Collect:
+    """on_line callback keeping (lineno, line)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+
+    def __call__(self, line: str, lineno: int) -> None:
+        self.lines.append((lineno, line))
+
+
+@pytest.fixture(params=[True, False], ids=["relay", "threads"])
+def relay(request: pytest.FixtureRequest) -> bool:
+    """Both ways of reading the pipes: the relay process (default) and in-process threads."""
+    return bool(request.param)
+
+
+def pump_cmd(tmp: Path, argv: list[str], **kw: object) -> tuple[PumpStats, Collect, Path]:
+    got = Collect()
+    logs = LogPump.dir_for(tmp, 3)
+    pump = LogPump(logs, 3, on_line=got, **kw)  # type: ignore[arg-type]
+    try:
+        with child(argv) as p:
+            pump.start(p.stdout, p.stderr)
+            assert pump.wait_eof(30)
+            assert p.wait(30) == 0
+    finally:
+        stats = pump.close()
+    return stats, got, logs
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_bytes().decode("utf-8", "replace").splitlines()
+
+
+def test_demux_real_fixture_through_cat(tmp_path: Path, relay: bool) -> None:
+    stats, got, logs = pump_cmd(tmp_path, ["cat", str(QWEN)], relay=relay)
+    assert logs == tmp_path / "logs" / "3"
+    src = QWEN.read_bytes()
+    # vllm.log is the stream itself, byte for byte (this fixture has no CR).
+    assert (logs / "vllm.log").read_bytes() == src
+    src_lines = src.decode().splitlines()
+    assert stats.lines == len(src_lines) == 241
+    assert stats.bytes == len(src)
+    assert (stats.dropped_lines, stats.write_errors, stats.truncated_lines) == (0, 0, 0)
+    # The callback saw every line, in order, numbered like the file.
+    assert got.lines == list(enumerate(src_lines, start=1))
+
+    files = sorted(p.name for p in logs.iterdir())
+    assert files == [
+        "EngineCore.log",
+        "Worker_TP0.log",
+        "Worker_TP1.log",
+        "Worker_TP2.log",
+        "Worker_TP3.log",
+        "unprefixed.log",
+        "vllm.log",
+    ]
+    engine = lines_of(logs / "EngineCore.log")
+    assert len(engine) == 90 and all(ln.startswith("(EngineCore pid=7732) ") for ln in engine)
+    # Worker_TP0 (pid 7986): early "(Worker pid=7986)" lines first, its oneCCL lines, then Worker_TP0 lines.
+    w0 = lines_of(logs / "Worker_TP0.log")
+    assert w0[0].startswith(
+        "(Worker pid=7986) INFO 03-26 04:12:16 [parallel_state.py:1395] world_size=4 rank=0"
+    )
+    assert (
+        "2026:03:26-04:12:17: 7986 |CCL_WARN| value of CCL_ATL_TRANSPORT changed to be ofi (default:mpi)"
+        in w0
+    )
+    assert any(ln.startswith("2026:03:26-04:12:18: 7986:[0] |CCL_WARN| topology recognition") for ln in w0)
+    assert any(ln.startswith("(Worker_TP0 pid=7986) ") for ln in w0)
+    for ln in w0:
+        assert ln.startswith(("(Worker pid=7986)", "(Worker_TP0 pid=7986)", "2026:03:26-")) and (
+            "7986" in ln[:40]
+        )
+    # Rank 3's oneCCL teardown errors ("7989:[3] |CCL_ERROR|") are in Worker_TP3.log.
+    w3 = lines_of(logs / "Worker_TP3.log")
+    assert sum("7989:[3] |CCL_ERROR|" in ln for ln in w3) == 4
+    unpref = lines_of(logs / "unprefixed.log")
+    assert "~pmi_resizable_simple_internal: failed" in unpref
+    assert not any(ln.startswith("(") for ln in unpref)
+    # Every line is in exactly one per-process file.
+    per_process = sum(len(lines_of(p)) for p in logs.iterdir() if p.name != "vllm.log")
+    assert per_process == len(src_lines)
+    # Within a per-process file, lines keep their order from the stream.
+    assert engine == [ln for ln in src_lines if ln.startswith("(EngineCore pid=7732) ")]
+
+
+def test_demux_real_cpu_log_crlf_and_nested(tmp_path: Path) -> None:
+    # A real `vllm serve` log (CPU, TP=2) with CRLF line ends; plus a relayed, nested prefix.
+    extra = tmp_path / "extra.log"
+    extra.write_bytes(b"(APIServer pid=7019) (EngineCore_DP0 pid=7100) ERROR relayed line\n")
+    stats, got, logs = pump_cmd(tmp_path, ["cat", str(CPU_TP2), str(extra)])
+    src = CPU_TP2.read_bytes().replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    src += extra.read_bytes()
+    assert (logs / "vllm.log").read_bytes() == src
+    assert b"\r" not in (logs / "vllm.log").read_bytes()
+    n = len(src.decode().split("\n")) - 1
+    assert stats.lines == n == len(got.lines)
+    names = {p.name for p in logs.iterdir()}
+    assert {"APIServer.log", "EngineCore.log", "Worker_TP0.log", "Worker_TP1.log", "unprefixed.log"} <= names
+    assert "EngineCore_DP0.log" not in names
+    assert lines_of(logs / "EngineCore.log")[-1].endswith("ERROR relayed line")
+    api = lines_of(logs / "APIServer.log")
+    assert api and all(ln.startswith("(APIServer pid=") for ln in api)
+    assert not any("EngineCore_DP0" in ln for ln in api)
+    # The early "(Worker pid=N)" lines went to the Worker_TPn file of their pid.
+    assert "Worker.log" not in names
+    for f in ("Worker_TP0.log", "Worker_TP1.log"):
+        pids = {
+            m.group(1) for ln in lines_of(logs / f) if (m := re.match(r"\(Worker(?:_TP\d)? pid=(\d+)\)", ln))
+        }
+        assert len(pids) == 1
+
+
+def test_worker_name_that_never_resolves_goes_to_worker_log(tmp_path: Path) -> None:
+    # TP=1: vLLM never renames "Worker"; the held lines go to Worker.log after pending_timeout_s,
+    # while the child is still running (not only at EOF).
+    r, w = os.pipe()
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, pending_timeout_s=0.2)
+    pump.start(r)
+    try:
+        os.write(w, b"(Worker pid=4242) INFO early\n2026:03:26-04:12:17: 4242 |CCL_WARN| x\n")
+        deadline = time.monotonic() + 10
+        while not (logs / "Worker.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lines_of(logs / "Worker.log") == [
+            "(Worker pid=4242) INFO early",
+            "2026:03:26-04:12:17: 4242 |CCL_WARN| x",
+        ]
+        os.write(w, b"(Worker pid=4242) INFO later\n")
+        # An unknown pid's oneCCL line ends in unprefixed.log at EOF.
+        os.write(w, b"2026:03:26-04:12:17:(  999) |CCL_ERROR| orphan\n")
+    finally:
+        os.close(w)
+        assert pump.wait_eof(10)
+        pump.close()
+    assert lines_of(logs / "Worker.log")[-1] == "(Worker pid=4242) INFO later"
+    assert lines_of(logs / "unprefixed.log") == ["2026:03:26-04:12:17:(  999) |CCL_ERROR| orphan"]
+
+
+def test_rotation_keeps_every_line_within_backups(tmp_path: Path) -> None:
+    # 3000 lines of 50 bytes = 150 kB; files of at most 20 kB, 10 backups -> all kept.
+    script = "import sys\nfor i in range(3000): sys.stdout.write(f'(EngineCore pid=1) line {i:08d} ' + 'x' * 23 + '\\n')"
+    got = Collect()
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, on_line=got, max_bytes=20_000, backups=10)
+    with child([sys.executable, "-c", script]) as p:
+        pump.start(p.stdout, p.stderr)
+        assert pump.wait_eof(30)
+    # locate(): the logical line number -> the rotated file and line that hold it now.
+    for lineno, line in got.lines[::97] + got.lines[-1:]:
+        where = pump.locate(lineno)
+        assert where is not None
+        assert lines_of(where[0])[where[1] - 1] == line
+    assert pump.locate(3001) is None and pump.locate(0) is None
+    stats = pump.close()
+    parts = [logs / "vllm.log"] + [logs / f"vllm.log.{i}" for i in range(1, 11)]
+    present = [p for p in parts if p.exists()]
+    assert len(present) >= 8  # 150 kB / 20 kB
+    for p in present:
+        data = p.read_bytes()
+        assert 0 < len(data) <= 20_000
+        assert data.endswith(b"\n")  # rotated at line boundaries
+    # Oldest first, the parts are the whole stream.
+    joined = b"".join(p.read_bytes() for p in reversed(present))
+    want = [f"(EngineCore pid=1) line {i:08d} " + "x" * 23 for i in range(3000)]
+    assert joined.decode().splitlines() == want
+    assert [ln for _, ln in got.lines] == want
+    assert stats.lines == 3000
+    # Per-process files rotate too.
+    assert (logs / "EngineCore.log.1").exists()
+
+
+def test_rotation_drops_oldest_beyond_backups(tmp_path: Path) -> None:
+    script = "import sys\nfor i in range(3000): sys.stdout.write(f'line {i:08d} ' + 'y' * 35 + '\\n')"
+    stats, _, logs = pump_cmd(tmp_path, [sys.executable, "-c", script], max_bytes=10_000, backups=2)
+    assert sorted(p.name for p in logs.glob("vllm.log*")) == ["vllm.log", "vllm.log.1", "vllm.log.2"]
+    assert not (logs / "vllm.log.3").exists()
+    tail = (
+        (logs / "vllm.log.2").read_bytes()
+        + (logs / "vllm.log.1").read_bytes()
+        + (logs / "vllm.log").read_bytes()
+    )
+    lines = tail.decode().splitlines()
+    assert lines[-1].startswith("line 00002999 ")
+    nums = [int(ln.split()[1]) for ln in lines]
+    assert nums == list(range(nums[0], 3000))  # a contiguous tail, no hole
+    assert stats.lines == 3000
+
+
+WRITER = r"""
+import os, sys
+n = int(sys.argv[1])
+buf = []
+for i in range(n):
+    buf.append(f"(Worker_TP0 pid=7) INFO line {i:09d} " + "z" * 60 + "\n")
+    if len(buf) == 1000:
+        os.write(1, "".join(buf).encode()); buf = []
+if buf:
+    os.write(1, "".join(buf).encode())
+"""
+LINE_RE = re.compile(r"\(Worker_TP0 pid=7\) INFO line (\d{9}) z{60}")
+
+
+def test_slow_writer_drops_whole_lines_counted_and_marked(tmp_path: Path, relay: bool) -> None:
+    # The writer is made slow on purpose: the callback blocks until the child has exited.
+    # The child must still finish (never blocked), and every line is either written or counted.
+    release = threading.Event()
+    seen: list[str] = []
+
+    def blocking(line: str, lineno: int) -> None:
+        release.wait(60)
+        seen.append(line)
+
+    n = 100_000  # ~9 MB against a 256 kB buffer
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 5, on_line=blocking, buffer_cap_bytes=256 * 1024, relay=relay)
+    with child([sys.executable, "-c", WRITER, str(n)]) as p:
+        pump.start(p.stdout, p.stderr)
+        assert p.wait(60) == 0  # finished while the writer was stuck
+        release.set()
+        assert pump.wait_eof(60)
+    stats = pump.close()
+    assert stats.dropped_lines > 0
+    assert stats.lines + stats.dropped_lines == n
+    assert stats.bytes == n * len("(Worker_TP0 pid=7) INFO line 000000000 " + "z" * 60 + "\n")
+    assert stats.dropped_bytes == stats.bytes - stats.lines * 100
+    text = lines_of(logs / "vllm.log")
+    markers = [ln for ln in text if ln.startswith("[xpu-serve] dropped ")]
+    assert markers
+    total = 0
+    for m in markers:
+        mm = re.fullmatch(
+            r"\[xpu-serve\] dropped (\d+) lines \((\d+) bytes\): log writer could not keep up", m
+        )
+        assert mm
+        total += int(mm.group(1))
+    assert total == stats.dropped_lines
+    kept = [ln for ln in text if not ln.startswith("[xpu-serve]")]
+    assert len(kept) == stats.lines == len(seen)
+    nums = []
+    for ln in kept:  # whole lines only, in order
+        mm = LINE_RE.fullmatch(ln)
+        assert mm, ln
+        nums.append(int(mm.group(1)))
+    assert nums == sorted(nums) and len(set(nums)) == len(nums)
+    assert lines_of(logs / "Worker_TP0.log") == kept
+
+
+def test_blocked_echo_never_blocks_pump(tmp_path: Path) -> None:
+    # The echo goes to a pipe nobody reads: the echo thread blocks, drops and counts; the pump,
+    # the files and the callback go on in full.
+    er, ew = os.pipe()
+    echo = io.TextIOWrapper(io.FileIO(ew, "w", closefd=True), encoding="utf-8")
+    got = Collect()
+    n = 50_000
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 7, echo=echo, on_line=got, echo_cap_bytes=64 * 1024)
+    try:
+        with child([sys.executable, "-c", WRITER, str(n)]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert p.wait(60) == 0
+            assert pump.wait_eof(60)
+        t0 = time.monotonic()
+        stats = pump.close(timeout=1.0)
+        assert time.monotonic() - t0 < 10
+        assert stats.lines == n and stats.dropped_lines == 0
+        assert stats.echo_dropped > 0
+        assert len(got.lines) == n
+        assert len(lines_of(logs / "vllm.log")) == n
+    finally:
+        # Unblock the echo thread (read the pipe dry), then look at what it wrote.
+        os.set_blocking(er, False)
+        chunks = []
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 0.5:
+            try:
+                chunks.append(os.read(er, 1 << 16))
+                idle_since = time.monotonic()
+            except BlockingIOError:
+                time.sleep(0.02)
+        with contextlib.suppress(Exception):
+            echo.close()
+        os.close(er)
+    echoed = b"".join(chunks).decode().splitlines()
+    assert echoed and all(ln.startswith("[i7] ") for ln in echoed if ln)
+    assert echoed[0] == "[i7] (Worker_TP0 pid=7) INFO line 000000000 " + "z" * 60
+    assert len(echoed) < n
+    # Whole lines only; drops are announced in the echo itself once it can write again.
+    for ln in echoed:
+        assert LINE_RE.fullmatch(ln[5:]) or re.fullmatch(
+            r"\[i7\] \[xpu-serve\] echo dropped \d+ lines: output could not keep up", ln
+        ), ln
+
+
+def test_echo_tagged_with_incarnation(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    out = io.StringIO()
+    pump = LogPump(tmp_path, 12, echo=out)
+    pump.start(r)
+    os.write(w, b"(APIServer pid=1) INFO hello\nplain\n")
+    os.close(w)
+    assert pump.wait_eof(10)
+    pump.close()
+    assert out.getvalue() == "[i12] (APIServer pid=1) INFO hello\n[i12] plain\n"
+
+
+BURST = r"""
+import os, sys, time
+total = int(sys.argv[1])
+line = b"(Worker_TP1 pid=9) INFO 03-26 04:12:20 [gpu_model_runner.py:4481] a line of a log burst, 100 bytes.\n"
+block = line * (65536 // len(line))
+reps = total // len(block)
+t0 = time.perf_counter()
+for _ in range(reps):
+    v = memoryview(block)
+    while v:
+        v = v[os.write(1, v):]
+sys.stderr.write(f"{time.perf_counter() - t0:.6f} {reps * len(block) // len(line)}\n")
+"""
+
+
+def test_100mb_burst_does_not_slow_child(tmp_path: Path) -> None:
+    mb = 100 * 1000 * 1000
+    # Baseline: the same child straight into a file.
+    with open(tmp_path / "direct.log", "wb") as f:
+        base = subprocess.run(
+            [sys.executable, "-c", BURST, str(mb)], stdout=f, stderr=subprocess.PIPE, check=True, timeout=120
+        )
+    (tmp_path / "direct.log").unlink()
+    t_file = float(base.stderr.split()[0])
+    result: list[str] = []
+    pump = LogPump(
+        tmp_path / "logs", 1, on_line=lambda ln, _: result.append(ln) if ln[:1].isdigit() else None
+    )
+    try:
+        with child([sys.executable, "-c", BURST, str(mb)]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert p.wait(120) == 0
+            assert pump.wait_eof(120)
+    finally:
+        stats = pump.close()
+    t_pump_s, nlines_s = result[-1].split()
+    t_pump, nlines = float(t_pump_s), int(nlines_s)
+    # Generous bound (CI noise): the child through the pump takes at most 3x (+1 s) its time to a file.
+    assert t_pump <= 3 * t_file + 1.0, (t_pump, t_file)
+    # Nothing lost silently: every line is written or counted as dropped (+1: the timing line).
+    assert stats.lines + stats.dropped_lines == nlines + 1
+    assert stats.bytes >= nlines * 100
+
+
+def _mount_tiny_tmpfs(path: Path) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_disk_full_degrades_and_recovers(tmp_path: Path) -> None:
+    # A real full disk: a 64 kB tmpfs (root), else vllm.log pointing at /dev/full (ENOSPC on write).
+    mnt = tmp_path / "tiny"
+    mounted = _mount_tiny_tmpfs(mnt)
+    if not mounted:
+        mnt.mkdir(exist_ok=True)
+        (mnt / "vllm.log").symlink_to("/dev/full")
+    try:
+        r, w = os.pipe()
+        got = Collect()
+        out = io.StringIO()
+        pump = LogPump(mnt, 2, echo=out, on_line=got, retry_interval_s=0.05)
+        pump.start(r)
+        line = b"(EngineCore pid=3) INFO " + b"d" * 75 + b"\n"  # 100 bytes
+        os.write(w, line * 2000)  # 200 kB > 64 kB
+        assert pump.flush(10)
+        assert pump.stats().write_errors > 0
+        assert len(got.lines) == 2000  # the analysis still sees every line
+        if mounted:
+            # Free the space: the files work again and say what they missed.
+            for p in mnt.iterdir():
+                p.unlink()
+            time.sleep(0.1)
+        os.write(w, b"(EngineCore pid=3) INFO after\n")
+        os.close(w)
+        assert pump.wait_eof(10)
+        stats = pump.close(timeout=2.0)
+        assert stats.lines == 2001 and len(got.lines) == 2001
+        assert stats.write_errors > 0 and stats.dropped_lines == 0
+        echoed = out.getvalue().splitlines()
+        assert sum(ln.startswith("[i2] (EngineCore pid=3) INFO ") for ln in echoed) == 2001
+        assert any("log write to" in ln and "No space left on device" in ln for ln in echoed)
+        if mounted:
+            vlog = lines_of(mnt / "vllm.log")
+            assert re.fullmatch(r"\[xpu-serve\] \d+ lines not written to this file: \[Errno 28\] .*", vlog[0])
+            assert vlog[-1] == "(EngineCore pid=3) INFO after"
+            assert lines_of(mnt / "EngineCore.log")[-1] == "(EngineCore pid=3) INFO after"
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_partial_last_line_cr_and_bad_utf8(tmp_path: Path, relay: bool) -> None:
+    data = b"one\r\ntwo\rthree\n\xff\xfe bad \xc3\n\nlast without newline"
+    stats, got, logs = pump_cmd(
+        tmp_path, [sys.executable, "-c", f"import os; os.write(1, {data!r})"], relay=relay
+    )
+    assert [ln for _, ln in got.lines] == [
+        "one",
+        "two",
+        "three",
+        "\ufffd\ufffd bad \ufffd",
+        "",
+        "last without newline",
+    ]
+    assert [n for n, _ in got.lines] == [1, 2, 3, 4, 5, 6]
+    # vllm.log keeps the raw bytes (CR normalised, final newline added).
+    assert (logs / "vllm.log").read_bytes() == b"one\ntwo\nthree\n\xff\xfe bad \xc3\n\nlast without newline\n"
+    assert stats.lines == 6
+
+
+def test_crlf_split_across_reads_is_one_break(tmp_path: Path, relay: bool) -> None:
+    r, w = os.pipe()
+    got = Collect()
+    pump = LogPump(tmp_path, 1, on_line=got, relay=relay)
+    pump.start(r)
+    os.write(w, b"a\r")
+    assert pump.flush(5)
+    time.sleep(0.05)
+    os.write(w, b"\nb\n")
+    os.close(w)
+    assert pump.wait_eof(5)
+    pump.close()
+    assert [ln for _, ln in got.lines] == ["a", "b"]
+
+
+def test_very_long_line_is_cut_and_marked(tmp_path: Path) -> None:
+    script = "import os; os.write(1, b'(EngineCore pid=1) ' + b'L' * 300000 + b'\\nnext\\n' + b'M' * 5000)"
+    stats, got, logs = pump_cmd(tmp_path, [sys.executable, "-c", script], max_line_bytes=1000)
+    lines = [ln for _, ln in got.lines]
+    assert (
+        lines[0]
+        == "(EngineCore pid=1) " + "L" * 981 + f" [xpu-serve] line truncated: {300019 - 1000} bytes dropped"
+    )
+    assert lines[1] == "next"
+    assert lines[2] == "M" * 1000 + " [xpu-serve] line truncated: 4000 bytes dropped"
+    assert stats.truncated_lines == 2
+    assert lines_of(logs / "EngineCore.log") == [lines[0]]
+
+
+def test_callback_errors_are_counted_not_fatal(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def bad(line: str, lineno: int) -> None:
+        seen.append(lineno)
+        if lineno % 2:
+            raise ValueError("boom")
+
+    r, w = os.pipe()
+    out = io.StringIO()
+    pump = LogPump(tmp_path, 1, echo=out, on_line=bad)
+    pump.start(r)
+    os.write(w, b"".join(b"l%d\n" % i for i in range(10)))
+    os.close(w)
+    assert pump.wait_eof(5)
+    stats = pump.close()
+    assert seen == list(range(1, 11))
+    assert stats.callback_errors == 5 and stats.lines == 10
+    assert "[i1] [xpu-serve] on_line callback raised ValueError: boom" in out.getvalue()
+    assert len(lines_of(tmp_path / "vllm.log")) == 10
+
+
+def test_flush_before_eof_and_close_while_child_alive(tmp_path: Path, relay: bool) -> None:
+    # The supervisor flushes before the bundle, while the engine still runs; then close() with the
+    # child still holding the pipe returns promptly.
+    script = "import sys, time\nprint('(APIServer pid=1) INFO up', flush=True)\ntime.sleep(60)"
+    pump = LogPump(tmp_path, 1, relay=relay)
+    with child([sys.executable, "-c", script]) as p:
+        pump.start(p.stdout, p.stderr)
+        deadline = time.monotonic() + 10
+        while pump.stats().lines < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pump.flush(5)
+        assert lines_of(tmp_path / "vllm.log") == ["(APIServer pid=1) INFO up"]
+        assert not pump.wait_eof(0.1)
+        t0 = time.monotonic()
+        stats = pump.close(timeout=2.0)
+        assert time.monotonic() - t0 < 5
+        assert stats.lines == 1
+    assert p.stdout is not None and p.stdout.closed
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        LogPump(Path("/nonexistent"), 1, max_bytes=0)
+
+
+def test_flush_is_exact_for_what_the_child_wrote(tmp_path: Path, relay: bool) -> None:
+    # flush() right after a write() must find the line on disk: nothing in flight is missed.
+    r, w = os.pipe()
+    pump = LogPump(tmp_path, 1, relay=relay)
+    pump.start(r)
+    try:
+        for i in range(20):
+            os.write(w, b"(EngineCore pid=2) INFO line %d\n" % i)
+            assert pump.flush(5)
+            assert lines_of(tmp_path / "EngineCore.log")[-1] == f"(EngineCore pid=2) INFO line {i}"
+    finally:
+        os.close(w)
+        pump.close()
+
+
+def test_relay_death_falls_back_to_threads(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    got = Collect()
+    out = io.StringIO()
+    pump = LogPump(tmp_path, 4, echo=out, on_line=got)
+    pump.start(r)
+    try:
+        relay_proc = pump._relay
+        assert relay_proc is not None and relay_proc.poll() is None
+        assert os.getsid(relay_proc.pid) != os.getsid(0)  # its own session: not in a tree kill
+        os.write(w, b"before\n")
+        assert pump.flush(5)
+        relay_proc.kill()
+        relay_proc.wait(5)
+        time.sleep(0.2)
+        for i in range(100):
+            os.write(w, b"after %d\n" % i)
+    finally:
+        os.close(w)
+    assert pump.wait_eof(10)
+    stats = pump.close()
+    lines = [ln for _, ln in got.lines]
+    assert lines[0] == "before" and lines[-1] == "after 99"
+    assert lines[1:] == [f"after {i}" for i in range(100)]  # nothing written after the death is lost
+    assert stats.lines == 101
+    assert "log relay process ended unexpectedly" in out.getvalue()
+
+
+def test_close_ends_the_relay(tmp_path: Path) -> None:
+    pump = LogPump(tmp_path, 1)
+    with child([sys.executable, "-c", "import time; time.sleep(60)"]) as p:
+        pump.start(p.stdout, p.stderr)
+        relay_proc = pump._relay
+        assert relay_proc is not None
+        pump.close(timeout=2.0)
+        assert relay_proc.poll() is not None  # ended and reaped
+
+
+INTERLEAVE = r"""
+import os, random
+rnd = random.Random(7)
+bufs = {1: b"", 2: b""}
+for i in range(20000):
+    fd = rnd.choice((1, 2))
+    end = rnd.choice((b"\n", b"\n", b"\r\n", b"\r"))
+    bufs[fd] += b"(Worker_TP%d pid=%d) line %06d" % (fd - 1, 100 + fd, i) + end
+    if len(bufs[fd]) > rnd.randint(1, 5000):
+        cut = rnd.randint(1, len(bufs[fd]))  # cut anywhere: lines split across writes
+        os.write(fd, bufs[fd][:cut])
+        bufs[fd] = bufs[fd][cut:]
+for fd, b in bufs.items():
+    os.write(fd, b)
+"""
+
+
+def test_two_streams_split_anywhere_keep_every_line(tmp_path: Path, relay: bool) -> None:
+    # stdout and stderr interleaved, writes cut at random places (inside lines, between CR and
+    # LF): every line arrives whole, once, in its stream's order.
+    stats, got, logs = pump_cmd(tmp_path, [sys.executable, "-c", INTERLEAVE], relay=relay)
+    lines = [ln for _, ln in got.lines]
+    assert stats.lines == len(lines) == 20000 and stats.dropped_lines == 0
+    ids = sorted(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    assert ids == list(range(20000))
+    for rank in (0, 1):
+        mine = lines_of(logs / f"Worker_TP{rank}.log")
+        nums = [int(ln.rsplit(" ", 1)[1]) for ln in mine]
+        assert nums == sorted(nums)
+        assert all(ln.startswith(f"(Worker_TP{rank} pid={101 + rank}) line ") for ln in mine)
+    assert len(lines_of(logs / "Worker_TP0.log")) + len(lines_of(logs / "Worker_TP1.log")) == 20000
