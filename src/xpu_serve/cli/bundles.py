@@ -1,0 +1,130 @@
+"""`xpu-serve bundles [--runtime-dir DIR | -c FILE] [--json] list|show ID|path ID`.
+
+- `list` (the default): every bundle under RUNTIME/bundles, oldest first: id, cause, incarnation,
+  size, whether it is complete, and the verdict's summary.
+- `show ID`: the bundle's summary.md, then its files and collector outcomes (bundle.json).
+- `path ID`: the bundle's folder (or its .tar.gz with `--tar`), for scripts.
+
+ID is a full bundle id, a unique prefix or substring, or `latest`.
+Exit codes: 0; 2 (`exitcodes.USAGE`) for an unknown or ambiguous ID, a missing ID, a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from xpu_serve import exitcodes
+from xpu_serve.cli.status import add_runtime_arguments, resolve_runtime_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--runtime-dir DIR, -c FILE, --json; then ACTION: list, show ID, path [--tar] ID.
+
+    The options are accepted before and after the action (`bundles --runtime-dir D show X` and
+    `bundles show X --runtime-dir D`)."""
+    add_runtime_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    for name, help_text in (("list", "list bundles, oldest first (the default)"),
+                            ("show", "print a bundle's summary, errors and files"),
+                            ("path", "print a bundle's folder (or .tar.gz with --tar)")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # SUPPRESS: an option given before the action is not reset by the action's parser
+        p.add_argument("--runtime-dir", metavar="DIR", default=argparse.SUPPRESS, help="the runtime directory")
+        p.add_argument("-c", "--config", metavar="FILE", default=argparse.SUPPRESS,
+                       help="take the runtime directory from this config")
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+        if name != "list":
+            p.add_argument("id", metavar="ID", nargs="?", help="bundle id, unique prefix or substring, or 'latest'")
+        if name == "path":
+            p.add_argument("--tar", action="store_true", help="print the .tar.gz instead of the folder")
+
+
+def _size(n: int) -> str:
+    f = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if f < 1024 or unit == "GiB":
+            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
+        f /= 1024
+    return f"{n} B"
+
+
+def run(args: argparse.Namespace) -> int:
+    """List, show or locate bundles; returns an exit code from `xpu_serve.exitcodes`."""
+    from xpu_serve.bundle import find_bundle, list_bundles
+
+    runtime_dir = resolve_runtime_dir(args)
+    if runtime_dir is None:
+        return exitcodes.USAGE
+    action = args.action or "list"
+    if action == "list":
+        bundles = list_bundles(runtime_dir)
+        if args.json:
+            print(json.dumps([b.to_dict() for b in bundles], indent=2))
+            return exitcodes.OK
+        if not bundles:
+            print(f"no bundles under {Path(runtime_dir) / 'bundles'}")
+            return exitcodes.OK
+        width = max(len(b.id) for b in bundles)
+        print(f"{'ID':<{width}}  {'CAUSE':<20} {'INC':>4} {'SIZE':>10}  {'COMPLETE':<8}  SUMMARY")
+        for b in bundles:
+            comp = {True: "yes", False: "no", None: "partial"}[b.complete]
+            print(f"{b.id:<{width}}  {b.cause:<20} {b.incarnation:>4} {_size(b.size_bytes):>10}  {comp:<8}  "
+                  f"{b.summary[:100]}")
+        return exitcodes.OK
+    if not getattr(args, "id", None):
+        print(f"xpu-serve bundles {action}: an ID is required (see `xpu-serve bundles list`)", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        b = find_bundle(runtime_dir, args.id)
+    except LookupError as e:
+        print(str(e), file=sys.stderr)
+        return exitcodes.USAGE
+    if action == "path":
+        target = b.tar if (getattr(args, "tar", False) or b.path is None) else b.path
+        if target is None:
+            print(f"bundle {b.id} has no .tar.gz (bundles.tar is off)", file=sys.stderr)
+            return exitcodes.USAGE
+        print(target)
+        return exitcodes.OK
+    # show
+    manifest: dict | None = None
+    incident: dict | None = None
+    summary = ""
+    if b.path is not None:
+        try:
+            manifest = json.loads((b.path / "bundle.json").read_text())
+        except (OSError, ValueError):
+            manifest = None
+        try:
+            incident = json.loads((b.path / "incident.json").read_text())
+        except (OSError, ValueError):
+            incident = None
+        try:
+            summary = (b.path / "summary.md").read_text(errors="replace")
+        except OSError:
+            summary = ""
+    if args.json:
+        print(json.dumps({"bundle": b.to_dict(), "incident": incident, "manifest": manifest}, indent=2))
+        return exitcodes.OK
+    print(f"bundle {b.id}")
+    print(f"path: {b.path or '-'}" + (f"\ntar: {b.tar}" if b.tar else ""))
+    comp = {True: "complete", False: "INCOMPLETE", None: "partial (the writer did not finish)"}[b.complete]
+    print(f"state: {comp}, {_size(b.size_bytes)}")
+    print()
+    if summary:
+        print(summary.rstrip("\n"))
+    elif b.path is None:
+        print("(only the .tar.gz is left; unpack it to read the bundle)")
+    if manifest:
+        if manifest.get("errors"):
+            print("\n## Errors")
+            for err in manifest["errors"]:
+                print(f"- {err}")
+        print("\n## Files")
+        for f in manifest.get("files", []):
+            print(f"{f.get('bytes', 0):>12}  {f.get('path')}")
+    return exitcodes.OK
