@@ -13,8 +13,24 @@ from xpu_serve.incarnation import Observer, Watcher
 
 
 def watchers_for(config: Any) -> list[Watcher]:
-    """Per-incarnation watchers for this config (kernel log, hang watchdog, start-up stall)."""
+    """Per-incarnation watchers for this config (kernel log, hang watchdog, start-up stall).
+
+    Order: "kernel" (`watchers.kernel.enabled`), "hang" (`supervision.hang.enabled`; it asks the
+    kernel watcher for GPU faults to name as the hang's cause), "startup-stall" (always; its name
+    tells the supervisor to leave start-up stall detection to it). See `xpu_serve.watchers`.
+    """
+    from xpu_serve.watchers import HangWatcher, KernelWatcher, StartupWatcher
+
     watchers: list[Watcher] = []
+    kernel = KernelWatcher(config) if config.watchers.kernel.enabled else None
+    if kernel is not None:
+        watchers.append(kernel)
+    if config.supervision.hang.enabled:
+        watchers.append(HangWatcher(config, kernel=kernel))
+    watchers.append(StartupWatcher(config))
+    from xpu_serve.bundle import BundleRequestWatcher  # answers `xpu-serve bundle` (issue 7)
+
+    watchers.append(BundleRequestWatcher())
     return watchers
 
 

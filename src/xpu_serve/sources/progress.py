@@ -1,0 +1,285 @@
+"""Engine progress: the real liveness signal behind the hang watchdog.
+
+vLLM's `/health` stays 200 while the engine is hung (../shared/notes/vllm-cpu.md: 300 s with a
+request in flight, forever without one). Progress is read from, in order of preference:
+
+1. `/metrics` (Prometheus text, vllm/v1/metrics/loggers.py PrometheusStatLogger):
+   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting` and counters
+   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total` (labels `engine`, `model_name`;
+   summed over labels here). Parsed with prometheus_client's own text parser.
+2. The periodic stats line the API server logs every VLLM_LOG_STATS_INTERVAL (10 s)
+   (vllm/v1/metrics/loggers.py LoggingStatLogger.log):
+   `Engine 000: Avg prompt throughput: 4.2 tokens/s, Avg generation throughput: 14.2 tokens/s,
+   Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.4%, ...`. On a hang vLLM prints one
+   line with throughput 0.0 and `Running: 1 reqs`, then none (measured, vllm-cpu 0.32.0).
+3. A canary: a 1-token completion with a timeout while the engine is idle (`canary_request`).
+
+A hang is: requests running or waiting, and neither token counter (or throughput) grew for
+`after_s` seconds. The trackers here are pure (time passed in), so they are tested on exact
+sequences; `watchers.HangWatcher` drives them live.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+
+
+@dataclass
+class MetricsSample:
+    """One `/metrics` scrape reduced to what the watchdog needs (summed over label sets).
+
+    running/waiting: requests (gauges); prompt_tokens/generation_tokens: counters (tokens);
+    None when the family is absent.
+    """
+
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+
+    @property
+    def in_flight(self) -> float | None:
+        """running + waiting, or None when neither gauge is present."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
+
+    @property
+    def tokens(self) -> float | None:
+        """prompt + generation tokens, or None when neither counter is present."""
+        if self.prompt_tokens is None and self.generation_tokens is None:
+            return None
+        return (self.prompt_tokens or 0.0) + (self.generation_tokens or 0.0)
+
+
+def parse_metrics(text: str) -> MetricsSample:
+    """Parse Prometheus exposition text (vLLM's /metrics) into a `MetricsSample`.
+
+    Raises ValueError on text prometheus_client cannot parse.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        RUNNING: "running",
+        WAITING: "waiting",
+        PROMPT_TOKENS: "prompt_tokens",
+        GENERATION_TOKENS: "generation_tokens",
+    }
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = wanted.get(s.name)
+            if key is not None:
+                sums[key] = sums.get(key, 0.0) + float(s.value)
+    return MetricsSample(**sums)
+
+
+# `Engine 000: Avg prompt throughput: 4.2 tokens/s, Avg generation throughput: 14.2 tokens/s, Running: 1 reqs, Waiting: 0 reqs`
+# (vllm/v1/metrics/loggers.py, LoggingStatLogger.log). Older V0 lines have no "Engine NNN:" part.
+_STATS_RE = re.compile(
+    r"(?:Engine (\d+): )?Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+    r"Running: (\d+) reqs?,(?: Swapped: \d+ reqs?,)? (?:Pending|Waiting): (\d+) reqs?"
+)
+
+
+@dataclass
+class StatsLine:
+    """One parsed stats line: engine index, throughputs (tokens/s), running and waiting requests."""
+
+    engine: int
+    prompt_tps: float
+    generation_tps: float
+    running: int
+    waiting: int
+
+
+def parse_stats_line(line: str) -> StatsLine | None:
+    """Parse vLLM's periodic stats line anywhere in `line` (prefixes allowed); None otherwise."""
+    if "Avg prompt throughput" not in line:
+        return None
+    m = _STATS_RE.search(line)
+    if not m:
+        return None
+    return StatsLine(
+        engine=int(m.group(1) or 0),
+        prompt_tps=float(m.group(2)),
+        generation_tps=float(m.group(3)),
+        running=int(m.group(4)),
+        waiting=int(m.group(5)),
+    )
+
+
+@dataclass
+class HangVerdict:
+    """A detected hang: how long without progress (s), requests in flight, when progress was last
+    seen (epoch seconds) and by which signal ("metrics", "stats-line", "canary")."""
+
+    no_progress_s: float
+    running: int
+    waiting: int
+    last_progress_at: float | None
+    detected_by: str
+
+
+class MetricsProgress:
+    """Hang logic over successive `/metrics` samples.
+
+    `observe(now, sample)` (now: seconds, any clock; `wall` the matching epoch time) returns a
+    `HangVerdict` once requests have been in flight and the token counters have not grown for
+    `after_s`. Idle (nothing in flight), growth, or a counter reset (engine restarted) count as progress.
+    """
+
+    def __init__(self, after_s: float):
+        self.after_s = after_s
+        self.last_tokens: float | None = None
+        self.last_progress: float | None = None
+        self.last_progress_wall: float | None = None
+        self.last: MetricsSample | None = None
+
+    def observe(self, now: float, sample: MetricsSample, wall: float | None = None) -> HangVerdict | None:
+        tokens = sample.tokens
+        in_flight = sample.in_flight or 0.0
+        progressed = (
+            self.last_progress is None
+            or in_flight == 0
+            or tokens is None
+            or self.last_tokens is None
+            or tokens != self.last_tokens
+        )
+        if progressed:
+            self.last_progress = now
+            self.last_progress_wall = wall
+        self.last_tokens = tokens
+        self.last = sample
+        assert self.last_progress is not None
+        stalled = now - self.last_progress
+        if in_flight > 0 and stalled >= self.after_s:
+            return HangVerdict(
+                stalled,
+                int(sample.running or 0),
+                int(sample.waiting or 0),
+                self.last_progress_wall,
+                "metrics",
+            )
+        return None
+
+    @property
+    def idle(self) -> bool:
+        """True when the last sample showed nothing running or waiting."""
+        return self.last is not None and (self.last.in_flight or 0) == 0
+
+
+class StatsLineProgress:
+    """Hang logic over the periodic stats lines (the fallback when /metrics is unavailable).
+
+    Progress: a line with prompt or generation throughput > 0, or with nothing running or
+    waiting. Once a line showed requests in flight, no progress for `after_s` (also: no more
+    lines at all, which is what a hung vLLM does) is a hang; `check(now)` says so.
+    """
+
+    def __init__(self, after_s: float):
+        self.after_s = after_s
+        self.last_progress: float | None = None
+        self.last_progress_wall: float | None = None
+        self.last: StatsLine | None = None
+
+    def observe(self, now: float, stats: StatsLine, wall: float | None = None) -> None:
+        if (
+            self.last_progress is None
+            or stats.prompt_tps > 0
+            or stats.generation_tps > 0
+            or stats.running + stats.waiting == 0
+        ):
+            self.last_progress = now
+            self.last_progress_wall = wall
+        self.last = stats
+
+    def check(self, now: float) -> HangVerdict | None:
+        if self.last is None or self.last_progress is None:
+            return None
+        if self.last.running + self.last.waiting == 0:
+            return None
+        stalled = now - self.last_progress
+        if stalled >= self.after_s:
+            return HangVerdict(
+                stalled, self.last.running, self.last.waiting, self.last_progress_wall, "stats-line"
+            )
+        return None
+
+    @property
+    def idle(self) -> bool:
+        return self.last is not None and self.last.running + self.last.waiting == 0
+
+
+async def scrape_metrics(client: httpx.AsyncClient, url: str, timeout_s: float) -> MetricsSample | None:
+    """GET `url` (the engine's /metrics) and parse it; None when unreachable, non-200, or unparseable."""
+    try:
+        r = await client.get(url, timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    try:
+        sample = parse_metrics(r.text)
+    except ValueError:
+        return None
+    if sample.in_flight is None and sample.tokens is None:
+        return None  # not vLLM's metrics
+    return sample
+
+
+@dataclass
+class CanaryResult:
+    """Outcome of one canary request: ok (HTTP 200 with a completion), hung (timed out), the
+    HTTP status when one came back, the duration (s) and an error text."""
+
+    ok: bool
+    hung: bool
+    status: int | None
+    duration_s: float
+    error: str | None = None
+
+
+async def canary_request(
+    client: httpx.AsyncClient, base_url: str, model: str, timeout_s: float, api_key: str | None = None
+) -> CanaryResult:
+    """POST a 1-token `/v1/completions` ("max_tokens": 1) with a total timeout of `timeout_s`.
+
+    Only a timeout counts as a hang (`hung`); a refused connection or an HTTP error is left to the
+    process and health watchers (the engine answered, or it is gone).
+    """
+    import asyncio
+    import time
+
+    headers: dict[str, str] = {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    body: dict[str, Any] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    t0 = time.monotonic()
+    try:
+        r = await asyncio.wait_for(
+            client.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout_s),
+            timeout_s,
+        )
+    except (httpx.TimeoutException, asyncio.TimeoutError) as e:
+        return CanaryResult(
+            False, True, None, time.monotonic() - t0, f"timed out after {timeout_s:g}s ({type(e).__name__})"
+        )
+    except httpx.HTTPError as e:
+        return CanaryResult(False, False, None, time.monotonic() - t0, f"{type(e).__name__}: {e}")
+    return CanaryResult(
+        r.status_code == 200,
+        False,
+        r.status_code,
+        time.monotonic() - t0,
+        None if r.status_code == 200 else r.text[:200],
+    )

@@ -1,0 +1,612 @@
+"""The watchers `up` attaches to every incarnation (see `plugins.watchers_for`).
+
+- `KernelWatcher` ("kernel"): follows the kernel log (`sources.kernel`), records classified
+  records, fails the incarnation at once on a `segfault`/`traps`/OOM-kill record of one of its
+  processes (before vLLM notices), remembers GPU faults (engine reset, job timeout, page fault,
+  GuC error) so a hang can be blamed on them, and holds restarts while a device is wedged
+  (`restart_blocker()`, `device_ready()`).
+- `HangWatcher` ("hang"): once ready, scrapes `/metrics` for progress (`sources.progress`), falls
+  back to the periodic stats lines, and optionally sends a canary request while idle. On a hang:
+  stacks of every live vLLM process first (py-spy), then the incident.
+- `StartupWatcher` ("startup-stall"): start-up milestones per rank (`sources.startup`); no
+  progress for `supervision.startup.stall_s` is a `startup-hang` naming the phase and the ranks
+  that did not reach it. Its name tells the supervisor to leave stall detection to it.
+
+Line hook: the supervisor calls `on_line(line, file, lineno)` on every watcher that has one, for
+every line of the engine's output (cheap and non-blocking: a substring test, rarely a regex).
+
+All three are created once per supervisor and `run(ctx)` once per incarnation; state that
+belongs to an incarnation is reset at the start of `run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from xpu_serve import facts
+from xpu_serve.events import Event
+from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
+from xpu_serve.sources import kernel as ksrc
+from xpu_serve.sources import progress as prog
+from xpu_serve.sources.startup import StartupTracker
+
+# Causes of kernel records that mean "this process is dead now" (signature table causes).
+_CRASH_CAUSES = {"umd-segfault", "process-crash", "host-oom"}
+# Fallback when the record is not classified: the kernel's own wording (arch/x86/mm/fault.c
+# show_signal_msg, arch/x86/kernel/traps.c do_trap/show_signal, mm/oom_kill.c).
+_CRASH_WORDS = (
+    ": segfault at ",
+    "traps: ",
+    " trap invalid opcode",
+    " general protection fault",
+    "Killed process ",
+    "oom-kill:",
+)
+_GPU_DRIVERS = ("xe ", "i915 ")
+
+
+def _warn(msg: str) -> None:
+    print(f"xpu-serve: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _live(ctx: IncarnationContext) -> list[ProcessInfo]:
+    return [p for p in list(ctx.processes.values()) if p.exit_code is None and p.signal is None]
+
+
+def _signal_of(ev: Event) -> str | None:
+    t = ev.text
+    if "segfault at" in t:
+        return "SIGSEGV"
+    if "invalid opcode" in t:
+        return "SIGILL"
+    if "general protection" in t:
+        return "SIGSEGV"
+    if "Killed process" in t or "oom-kill:" in t:
+        return "SIGKILL"
+    if "divide error" in t:
+        return "SIGFPE"
+    return None
+
+
+def is_crash_record(ev: Event) -> bool:
+    """A kernel record saying a process died or was killed (segfault, trap, OOM kill)."""
+    if ev.cause in _CRASH_CAUSES:
+        return True
+    return any(w in ev.text for w in _CRASH_WORDS)
+
+
+def is_gpu_fault(ev: Event) -> bool:
+    """An xe/i915 device fault record (engine reset, job timeout, page fault, GuC error, wedged)."""
+    if ev.cause == "gpu-fault":
+        return True
+    t = ev.text
+    return t.startswith(_GPU_DRIVERS) and any(
+        w in t
+        for w in ("Engine reset", "Timedout job", "page fault", "GuC", "wedged", "GPU HANG", "CAT error")
+    )
+
+
+def is_wedged(ev: Event) -> bool:
+    """A record saying the device is wedged (xe: `device wedged`, i915: `wedged`)."""
+    return "wedged" in ev.text.lower() and (is_gpu_fault(ev) or ev.text.startswith(_GPU_DRIVERS))
+
+
+class KernelWatcher:
+    """Kernel log watch for one supervisor (config `watchers.kernel`).
+
+    Args:
+        config: the Config.
+        kmsg_path, sysfs_drm: roots read (tests point them elsewhere).
+
+    State others read:
+        source_kind / source_reason: the source in use and why (fallback reasons), for `status`.
+        overruns: kmsg ring-buffer overruns seen (records lost).
+        gpu_faults: recent GPU fault events (deque of (monotonic time, Event)).
+        wedged: PCI address (or "unknown") -> the event that reported it wedged.
+    """
+
+    name = "kernel"
+
+    def __init__(self, config: Any, kmsg_path: str = ksrc.KMSG_PATH, sysfs_drm: str = "/sys/class/drm"):
+        self.config = config
+        self.cfg = config.watchers.kernel
+        self.kmsg_path = kmsg_path
+        self.sysfs_drm = sysfs_drm
+        self.source_kind: str | None = None
+        self.source_reason: str | None = None
+        self.overruns = 0
+        self.last_seq: int | None = None
+        self.gpu_faults: deque[tuple[float, Event]] = deque(maxlen=256)
+        self.wedged: dict[str, Event] = {}
+        self.recent: deque[str] = deque(maxlen=5000)
+        self._seen: set[tuple[Any, Any]] = set()
+        self._seen_order: deque[tuple[Any, Any]] = deque()
+        self._warned = False
+        self._lock = threading.Lock()
+
+    # ---- what the supervisor and `status` can ask ------------------------------------------
+
+    def source_status(self) -> dict[str, Any]:
+        """{"source": kind or None, "reason": why (fallbacks) or None, "overruns": int}."""
+        return {"source": self.source_kind, "reason": self.source_reason, "overruns": self.overruns}
+
+    def restart_blocker(self) -> str | None:
+        """Why a restart must wait (a wedged device), or None when it may go on."""
+        with self._lock:
+            if not self.wedged:
+                return None
+            devs = ", ".join(sorted(self.wedged))
+        check = self.cfg.device_check
+        if not check:
+            return None
+        return f"device {devs} wedged; waiting for `{' '.join(check)}` to exit 0"
+
+    def device_ready(self, timeout_s: float = 30.0) -> bool:
+        """Run the configured `watchers.kernel.device_check` once (blocking, at most `timeout_s`).
+
+        True when no device is wedged, when no check command is configured (nothing to wait
+        for; the wedge stays in the incident), or when the command exited 0 (then the wedge is
+        forgotten). False when it exited non-zero, timed out or could not run.
+        """
+        with self._lock:
+            if not self.wedged:
+                return True
+        check = self.cfg.device_check
+        if not check:
+            return True
+        try:
+            r = subprocess.run(check, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if r.returncode == 0:
+            with self._lock:
+                self.wedged.clear()
+            return True
+        return False
+
+    async def wait_device_ready(self, poll_s: float = 5.0, timeout_s: float | None = None) -> bool:
+        """Await `device_ready()` every `poll_s` seconds until True (or `timeout_s` passed: False)."""
+        t0 = time.monotonic()
+        while True:
+            if await asyncio.to_thread(self.device_ready, min(30.0, poll_s * 6)):
+                return True
+            if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
+                return False
+            await asyncio.sleep(poll_s)
+
+    def recent_gpu_faults(self, within_s: float) -> list[Event]:
+        """GPU fault events seen in the last `within_s` seconds (oldest first)."""
+        now = time.monotonic()
+        return [ev for t, ev in list(self.gpu_faults) if now - t <= within_s]
+
+    # ---- the watch ---------------------------------------------------------------------------
+
+    async def run(self, ctx: IncarnationContext) -> None:
+        if not self.cfg.enabled:
+            return
+        since = ctx.started_at - self.cfg.lookback_s
+        src = await asyncio.to_thread(
+            ksrc.open_source, self.cfg.source, self.cfg.path, since, self.last_seq, self.kmsg_path
+        )
+        self.source_kind, self.source_reason = src.kind, src.reason
+        if src.kind == "none":
+            if not self._warned:
+                self._warned = True
+                _warn(f"kernel log watch off: {src.reason}")
+            return
+        if src.reason and not self._warned:
+            self._warned = True
+            _warn(f"kernel log from {src.kind}: {src.reason}")
+        corr = ksrc.Correlator(ctx.started_at)
+        corr.update(ctx.processes)
+        refresher = asyncio.get_running_loop().create_task(self._refresh(ctx, corr))
+        try:
+            async for rec in src.records():
+                self._take(rec, src, ctx, corr)
+        except asyncio.CancelledError:
+            # The incarnation is over (another trigger won, e.g. the pidfd exit of the process
+            # whose segfault record is in the log already): a last look, so that evidence is recorded.
+            for rec in src.drain():
+                self._take(rec, src, ctx, corr)
+            raise
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            src.close()
+
+    def _take(
+        self, rec: ksrc.KernelRecord, src: ksrc.KernelSource, ctx: IncarnationContext, corr: ksrc.Correlator
+    ) -> None:
+        if rec.seq is not None:
+            self.last_seq = rec.seq if self.last_seq is None else max(self.last_seq, rec.seq)
+        self.overruns = src.overruns
+        corr.update(ctx.processes)
+        self.handle(rec, ctx, corr)
+
+    async def _refresh(self, ctx: IncarnationContext, corr: ksrc.Correlator) -> None:
+        # Cache comm/NSpid while processes are alive: a crashed one's /proc entry is gone by the time its record is read.
+        while True:
+            corr.update(ctx.processes)
+            await asyncio.sleep(0.25)
+
+    def _device_ranks(self, ctx: IncarnationContext) -> tuple[dict[str, int], str]:
+        mask = None
+        for p in _live(ctx):
+            env = _read_environ(p.pid)
+            if env is not None:
+                mask = env.get("ZE_AFFINITY_MASK")
+                break
+        if mask is None:
+            mask = self.config.environment.vars.get("ZE_AFFINITY_MASK")
+        return ksrc.device_ranks(self.config.engine.tensor_parallel_size, mask, self.sysfs_drm)
+
+    def handle(self, rec: ksrc.KernelRecord, ctx: IncarnationContext, corr: ksrc.Correlator) -> Event | None:
+        """Parse, classify, correlate and act on one record; returns the event when it was recorded."""
+        self.recent.append(rec.line)
+        ev = ksrc.to_event(rec)
+        if ev is None:
+            return None
+        wall = rec.wall
+        c = corr.match(ev.pid, ev.process, wall)
+        if c.ours:
+            ev.extra["correlated_by"] = c.by
+            ev.extra["comm"] = ev.process
+            if c.info is not None:
+                ev.extra["our_pid"] = c.info.pid
+                ev.process = c.info.name
+                ev.rank = c.info.rank
+            if c.note:
+                ev.extra["note"] = c.note
+        gpu = is_gpu_fault(ev)
+        if gpu:
+            dev = ev.extra.get("device")
+            if dev:
+                ranks, how = self._device_ranks(ctx)
+                if str(dev) in ranks:
+                    ev.rank = ranks[str(dev)]
+                    ev.extra["rank_by"] = how
+                else:
+                    ev.extra["rank_note"] = (
+                        how if not ranks else f"device {dev} not among the ranks' devices ({how})"
+                    )
+        if not (c.ours or gpu):
+            # Another program's segfault/OOM (a pid that is not ours) is not our evidence; other
+            # classified records without a process (firmware, driver notices) are context.
+            if ev.pid is not None or not ev.signature:
+                return None
+        before = wall is not None and wall < ctx.started_at - 1.0
+        if before:
+            # Look-back (before this incarnation started): the previous incarnation's incident
+            # already has it. Only a wedged device still matters now (it explains what follows
+            # and holds restarts); other old faults are not this incarnation's evidence.
+            if not (gpu and is_wedged(ev)):
+                return None
+            ev.extra["before_start"] = True
+        key = (rec.seq, None) if rec.seq is not None else (rec.boot_s, rec.message)
+        if key in self._seen:
+            return None  # already recorded (look-back windows of two incarnations overlap)
+        self._seen.add(key)
+        self._seen_order.append(key)
+        if len(self._seen_order) > 10000:
+            self._seen.discard(self._seen_order.popleft())
+        ctx.record(ev)
+        if gpu:
+            if not before:
+                self.gpu_faults.append((time.monotonic(), ev))
+            if is_wedged(ev):
+                with self._lock:
+                    self.wedged[str(ev.extra.get("device") or "unknown")] = ev
+        if c.ours and is_crash_record(ev) and (wall is None or wall >= ctx.started_at - 2.0):
+            who = ev.process or "process"
+            pid = c.info.pid if c.info is not None else ev.pid
+            ctx.fail(
+                Trigger(
+                    kind="kernel",
+                    detail=f"kernel: {who} (pid {pid}): {ev.text[:200]}",
+                    at=time.time(),
+                    process=c.info.name if c.info is not None else ev.process,
+                    rank=c.info.rank if c.info is not None else None,
+                    pid=pid,
+                    signal=_signal_of(ev),
+                    event=ev,
+                )
+            )
+        return ev
+
+
+def _read_environ(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+class _LineFed:
+    """Engine output lines for a watcher: `on_line` from the supervisor's hook, or, while the
+    supervisor has not called it (an older supervisor), a tail of `ctx.log_dir/vllm.log` (the log
+    pump writes it unbuffered). Once the hook has delivered a line, the tail is never used again."""
+
+    _hooked = False
+
+    def on_line(self, line: str, file: str | None = None, lineno: int | None = None) -> None:
+        """Feed one engine output line (called by the supervisor for every line; cheap, non-blocking)."""
+        self._hooked = True
+        self._line(line)
+
+    def _line(self, line: str) -> None:
+        raise NotImplementedError
+
+    async def _tail_log(self, ctx: IncarnationContext) -> None:
+        log_dir = getattr(ctx, "log_dir", None)
+        if self._hooked or log_dir is None:
+            return
+        src = ksrc.FileSource(Path(log_dir) / "vllm.log", since_wall=None, poll_s=0.1, from_start=True)
+        async for rec in src.records():
+            if self._hooked:
+                return
+            self._line(rec.line)
+
+    def _start_tail(self, ctx: IncarnationContext) -> asyncio.Task[None] | None:
+        if self._hooked or getattr(ctx, "log_dir", None) is None:
+            return None
+        return asyncio.get_running_loop().create_task(self._tail_log(ctx))
+
+
+async def _cancel(task: asyncio.Task[Any] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+StackDumper = Callable[[list[int], float], dict[int, str]]
+
+
+def _default_dumper(pids: list[int], timeout_s: float) -> dict[int, str]:
+    from xpu_serve.collectors import dump_stacks
+
+    return dump_stacks(pids, timeout_s)
+
+
+def engine_base_url(host: str, port: int) -> str:
+    """http://HOST:PORT for the engine; a wildcard listen address is reached on loopback."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class HangWatcher(_LineFed):
+    """Hang watchdog (config `supervision.hang`), active once the incarnation is ready.
+
+    Every `metrics_interval_s` it scrapes `/metrics`; with requests running or waiting and no
+    token counter growth for `after_s`, it is a hang. While /metrics is unavailable (three
+    intervals without a good scrape) the periodic stats lines fed through `on_line` decide. With
+    `canary: true`, when idle for `canary_interval_s`, a 1-token completion must answer within
+    `canary_timeout_s`. On a hang: `dump_stacks(pids, timeout)` of every live process (py-spy,
+    `bundles.collector_timeout_s` per process), then `ctx.record(facts.hang(...))` (stacks in
+    the event's extra["stacks"], pid -> text; GPU faults seen by the kernel watcher in
+    extra["kernel_faults"]) and `ctx.fail(Trigger(kind="hang", event=that event))`.
+    """
+
+    name = "hang"
+
+    def __init__(self, config: Any, kernel: KernelWatcher | None = None, dump: StackDumper | None = None):
+        self.config = config
+        self.cfg = config.supervision.hang
+        self.kernel = kernel
+        self.dump = dump or _default_dumper
+        self.stats = prog.StatsLineProgress(self.cfg.after_s)
+        self.last_verdict: prog.HangVerdict | None = None
+
+    def _line(self, line: str) -> None:
+        # the periodic stats line is the fallback progress signal
+        if "Avg prompt throughput" not in line:
+            return
+        st = prog.parse_stats_line(line)
+        if st is not None:
+            self.stats.observe(time.monotonic(), st, time.time())
+
+    async def run(self, ctx: IncarnationContext) -> None:
+        if not self.cfg.enabled:
+            return
+        tail = self._start_tail(ctx)
+        try:
+            await self._watch(ctx)
+        finally:
+            await _cancel(tail)
+
+    async def _watch(self, ctx: IncarnationContext) -> None:
+        import httpx
+
+        while ctx.ready_at is None:
+            await asyncio.sleep(0.1)
+        e = self.config.engine
+        base = engine_base_url(e.host, e.port)
+        interval = self.cfg.metrics_interval_s
+        metrics = prog.MetricsProgress(self.cfg.after_s)
+        self.stats = prog.StatsLineProgress(self.cfg.after_s)
+        metrics_ok_at: float | None = None
+        last_canary = time.monotonic()
+        canary_task: asyncio.Task[prog.CanaryResult] | None = None
+        async with httpx.AsyncClient() as client:
+            try:
+                while True:
+                    now = time.monotonic()
+                    sample = await prog.scrape_metrics(
+                        client, f"{base}/metrics", max(1.0, min(interval, 10.0))
+                    )
+                    now = time.monotonic()
+                    verdict: prog.HangVerdict | None = None
+                    if sample is not None:
+                        metrics_ok_at = now
+                        verdict = metrics.observe(now, sample, time.time())
+                    elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
+                        verdict = self.stats.check(now)
+                    if metrics_ok_at is not None and now - metrics_ok_at <= 3 * interval:
+                        idle = metrics.idle
+                    else:
+                        idle = self.stats.idle or self.stats.last is None
+                    if canary_task is not None and canary_task.done():
+                        res = canary_task.result()
+                        canary_task = None
+                        last_canary = time.monotonic()
+                        if res.hung and verdict is None:
+                            verdict = prog.HangVerdict(
+                                res.duration_s,
+                                1,
+                                0,
+                                (metrics.last_progress_wall or time.time() - res.duration_s),
+                                "canary",
+                            )
+                    if (
+                        verdict is None
+                        and self.cfg.canary
+                        and canary_task is None
+                        and idle
+                        and now - last_canary >= self.cfg.canary_interval_s
+                    ):
+                        canary_task = asyncio.get_running_loop().create_task(
+                            prog.canary_request(
+                                client,
+                                base,
+                                e.served_model_name or e.model,
+                                self.cfg.canary_timeout_s,
+                                e.api_key,
+                            )
+                        )
+                    if verdict is not None:
+                        await self._on_hang(ctx, verdict)
+                        return
+                    await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
+            finally:
+                if canary_task is not None:
+                    canary_task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await canary_task
+
+    async def _on_hang(self, ctx: IncarnationContext, v: prog.HangVerdict) -> None:
+        detected_at = time.time()
+        self.last_verdict = v
+        pids = [p.pid for p in _live(ctx)]
+        timeout = float(getattr(getattr(self.config, "bundles", None), "collector_timeout_s", 10.0))
+        try:
+            stacks = await asyncio.to_thread(self.dump, pids, timeout) if pids else {}
+        except Exception as ex:  # stacks are evidence, never a reason not to fail
+            stacks = {pid: f"# stack dump failed: {type(ex).__name__}: {ex}\n" for pid in pids}
+        by = {
+            "metrics": "xpu-serve hang watchdog (/metrics)",
+            "stats-line": "xpu-serve hang watchdog (stats lines)",
+            "canary": "xpu-serve canary request",
+        }[v.detected_by]
+        last = datetime.fromtimestamp(v.last_progress_at) if v.last_progress_at is not None else None
+        ev = facts.hang(v.no_progress_s, v.running, v.waiting, last, detected_by=by, at=detected_at)
+        ev.extra["stacks"] = stacks
+        faults = self.kernel.recent_gpu_faults(v.no_progress_s + 60.0) if self.kernel is not None else []
+        if faults:
+            ev.extra["kernel_faults"] = [f.text for f in faults]
+        ctx.record(ev)
+        detail = f"engine hang: {ev.text} (detected by {by})"
+        if faults:
+            detail += f"; kernel GPU fault before it: {faults[0].text[:160]}"
+        trig = Trigger(kind="hang", detail=detail, at=detected_at, event=ev)
+        trig.stacks = stacks  # type: ignore[attr-defined]  # the supervisor hands getattr(trig, "stacks") to the bundle
+        ctx.fail(trig)
+
+
+class StartupWatcher(_LineFed):
+    """Start-up stall watch (config `supervision.startup.stall_s`) until the incarnation is ready.
+
+    Fed through `on_line`; checks every min(1 s, stall_s / 10). A stall records
+    `facts.startup_stall(stalled_s, phase, missing_ranks)` and fails with
+    `Trigger(kind="startup-stall", rank=the missing rank when there is exactly one)`.
+    It never fires before it was fed a line in this incarnation (a supervisor without the
+    line hook must not make every start-up look stalled).
+    """
+
+    name = "startup-stall"
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.tracker: StartupTracker | None = None
+        self._created_wall = 0.0
+        self._lock = threading.Lock()
+
+    def _new_tracker(self) -> StartupTracker:
+        self._created_wall = time.time()
+        return StartupTracker(
+            world_size=self.config.engine.tensor_parallel_size,
+            stall_s=self.config.supervision.startup.stall_s,
+            started=time.monotonic(),
+        )
+
+    def _line(self, line: str) -> None:
+        with self._lock:
+            t = self.tracker
+            if t is None:
+                t = self.tracker = self._new_tracker()
+            self._fed = True
+            if not t.is_ready:
+                t.on_line(line, time.monotonic())
+
+    async def run(self, ctx: IncarnationContext) -> None:
+        with self._lock:
+            # Lines that arrived since this incarnation started are kept; older state is not.
+            if self.tracker is None or self._created_wall < ctx.started_at - 0.5:
+                self.tracker = self._new_tracker()
+                self.tracker.last_progress = time.monotonic() - max(0.0, time.time() - ctx.started_at)
+                self._fed = False
+        stall_s = self.config.supervision.startup.stall_s
+        tick = min(1.0, stall_s / 10)
+        tail = self._start_tail(ctx)
+        try:
+            while ctx.ready_at is None:
+                await asyncio.sleep(tick)
+                with self._lock:
+                    t = self.tracker
+                    if t is None:
+                        continue
+                    for p in list(ctx.processes.values()):
+                        if p.rank is not None:
+                            t.set_rank(p.pid, p.rank)
+                    st = t.stall(time.monotonic()) if self._fed else None
+                if st is not None:
+                    ev = facts.startup_stall(st.stalled_s, st.phase, st.missing_ranks)
+                    ev.extra["last_phase"] = st.last_phase
+                    ev.extra["reached"] = {k: sorted(v) for k, v in t.reached.items()}
+                    ctx.record(ev)
+                    ctx.fail(
+                        Trigger(
+                            kind="startup-stall",
+                            detail=ev.text,
+                            at=time.time(),
+                            rank=st.missing_ranks[0] if len(st.missing_ranks) == 1 else None,
+                            event=ev,
+                        )
+                    )
+                    return
+        finally:
+            await _cancel(tail)
+            with self._lock:
+                self.tracker = None
+
+    _fed = False
