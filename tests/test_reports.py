@@ -23,20 +23,7 @@ REPORT_DIRS = sorted(p for p in REPORTS.iterdir() if (p / "expected.json").is_fi
 CONTRACT_KEYS = {"cause", "summary", "root", "consequences", "timeline", "hang", "library", "notes"}
 
 # case name -> why the current analysis gets it wrong (the line that should decide it)
-KNOWN_GAPS: dict[str, str] = {
-    "i915-guc-reset-failed-journal": (
-        "got unknown: '22:39:31 kernel: i915 ... GPU HANG: ecode ...' (journal line with a bare "
-        "'HH:MM:SS kernel:' tag, no date/host) is not recognised as a kernel record"
-    ),
-    "nvrm-xid45-journal-kernel-prefix": (
-        "got unknown: 'kernel: NVRM: Xid (PCI:...): 45, ...' (bare 'kernel:' syslog tag, no stamp) "
-        "is not recognised as a kernel record"
-    ),
-    "startup-stall-ray-pynccl": (
-        "got unknown: the log ends at 'vLLM is using nccl==2.15.5' / 'Using FlashAttention backend.' "
-        "(NCCL set-up) with no ready line; these lines are not start-up milestones"
-    ),
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def assert_verdict(got: dict[str, Any], expected: dict[str, Any]) -> None:

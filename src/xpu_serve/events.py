@@ -79,3 +79,482 @@ def split_process_prefix(line: str) -> tuple[str | None, int | None, str]:
             break
         name, pid, pos = m.group(1), int(m.group(2)), m.end()
     return name, pid, line[pos:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Line parsers.
+#
+# Written here rather than taken from a library: these are the domain's own log shapes (vLLM's
+# logger format, oneCCL's logger, the kernel's printk/kmsg records, systemd-coredump and CPython
+# faulthandler dumps) and no maintained Python library parses them. Sources of each format:
+# - vLLM: vllm/logger.py (_FORMAT "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s",
+#   date format "%m-%d %H:%M:%S"), vllm/utils (decorate_logs: "(Name pid=N) " prefixes);
+#   uvicorn's "INFO:     host:port - \"GET /x HTTP/1.1\" 200 OK".
+# - oneCCL: src/common/log/log.hpp ("YYYY:MM:DD-HH:MM:SS:(tid) |LEVEL| file:line msg", and the
+#   "pid:[rank]" / "pid" variants of later releases).
+# - kernel: Documentation/ABI/testing/dev-kmsg ("prio,seq,usec,flags;message" + " KEY=value"
+#   continuation lines), util-linux dmesg ("[ sec.usec]", -T "[Mon Mar 26 10:12:46 2026]",
+#   --time-format iso "2026-03-26T10:12:46,123456+00:00"), journalctl -k short/short-iso/json.
+# - docker: `docker logs -t` (RFC 3339 nano stamp + space), compose ("service  | ").
+# - PyTorch c10d: "[rank0]:[E ProcessGroupNCCL.cpp:563] ..."; NCCL "host:pid:tid [dev] NCCL INFO".
+# ---------------------------------------------------------------------------------------------
+
+_VLLM_RE = re.compile(
+    r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?\s+"
+    r"(?:\[?([\w./<>-]+:\d+)\]\s?)?"
+)
+_UVICORN_RE = re.compile(r"(INFO|WARNING|ERROR|CRITICAL):\s+")
+_CCL_RE = re.compile(
+    r"(\d{4}):(\d\d):(\d\d)-(\d\d:\d\d:\d\d):\s*(?:\(\s*(\d+)\)|(\d+))(?::\[(\d+)\])?\s*\|(CCL_\w+)\|\s?"
+)
+_KMSG_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
+_DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?")
+_DMESG_T_RE = re.compile(r"\[((?:\w{2,4}\.? )?\w{2,4}\.?\s+\d+ \d\d:\d\d:\d\d \d{4})\]\s?")
+_ISO_RE = re.compile(r"\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?\s+")
+_SYSLOG_RE = re.compile(
+    r"([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+)
+_MID_PREFIX_RE = re.compile(r"\([A-Za-z][\w:.-]* pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+_COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
+_TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
+_NCCL_RE = re.compile(r"(\S+):(\d+):(\d+) \[(\d+)\] NCCL (INFO|WARN|ERROR|TRACE)\s")
+_KPRIO = ("EMERG", "ALERT", "CRIT", "ERR", "WARNING", "NOTICE", "INFO", "DEBUG")
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+# Kernel messages (after any stamp) that identify a record as a kernel one when it arrives
+# without a kernel-only wrapper (e.g. an ISO stamp that could also be `docker logs -t`).
+_KERNEL_MSG_RE = re.compile(
+    r"(?:xe|i915|amdgpu|nouveau|pcieport|nvidia|snd_hda_intel) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d|"
+    r"NVRM: |\S+\[\d+\]: segfault at |traps: |Out of memory: |oom-kill:|\S+ invoked oom-killer|"
+    r"\[drm\]|\[drm:|audit: |BUG: |Call Trace:|Memory cgroup out of memory"
+)
+# pid and comm inside kernel messages.
+_K_COMM_PID_RE = re.compile(r"(?:traps: )?(\S[^\[\]]*?)\[(\d+)\]:? (?:segfault|general protection|trap )")
+_K_IN_COMM_RE = re.compile(r" in (\S+) \[(\d+)\]")
+_K_OOM_RE = re.compile(r"Killed process (\d+) \(([^)]*)\)|task=([^,]*),pid=(\d+)")
+_K_DEVICE_RE = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)\b|\(PCI:([0-9a-f:.]+)\)")
+
+
+def _clean(raw: str) -> str:
+    """Strip newline, stray CR (kept: the text after the last CR, as a terminal shows it) and
+    a literal "^M" that some pastes carry."""
+    s = raw.rstrip("\r\n")
+    if "\x1b[" in s:  # ANSI colours (Ray, docker compose with a TTY)
+        s = _ANSI_RE.sub("", s)
+    if "\r" in s:
+        s = s.rstrip("\r")
+        if "\r" in s:
+            s = s.rsplit("\r", 1)[1]
+    if s.endswith("^M"):
+        s = s[:-2]
+    return s
+
+
+def kernel_message_info(ev: Event) -> None:
+    """Fill `pid`, `process` (the kernel comm) and extra["device"] of a kernel Event from its
+    message (segfault/traps lines, OOM-killer lines, xe "Timedout job ... in comm [pid]",
+    NVIDIA Xid "pid=N, name=comm"). Called again when continuation lines are appended."""
+    msg = ev.text
+    m = _K_COMM_PID_RE.match(msg)
+    if m:
+        ev.process, ev.pid = m.group(1), int(m.group(2))
+    else:
+        m2 = _K_OOM_RE.search(msg)
+        if m2:
+            if m2.group(1):
+                ev.pid, ev.process = int(m2.group(1)), m2.group(2)
+            else:
+                ev.process, ev.pid = m2.group(3), int(m2.group(4))
+        else:
+            m3 = _K_IN_COMM_RE.search(msg)
+            if m3:
+                ev.process, ev.pid = m3.group(1), int(m3.group(2))
+            elif "NVRM: Xid" in msg:
+                mp = re.search(r"pid=(\d+)(?:, name=([^,]+))?", msg)
+                if mp:
+                    ev.pid = int(mp.group(1))
+                    ev.process = mp.group(2)
+    md = _K_DEVICE_RE.search(msg)
+    if md:
+        ev.extra["device"] = md.group(1) or md.group(2)
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# journal excerpts pasted without date and host: "22:39:31 kernel: msg" or "kernel: msg"
+_BARE_KERNEL_RE = re.compile(r"(?:(\d\d:\d\d:\d\d)(?:\.\d+)? )?kernel: ")
+_K_INNER_RE = re.compile(r"(?:\[\s*\d+\.\d+\]\s*)?(?:\[\s*[TC]\d+\]\s*)?")
+
+
+def _kernel_event(
+    text: str,
+    raw: str,
+    *,
+    time_text: str | None,
+    level: str | None = None,
+    seq: int | None = None,
+    boot_s: float | None = None,
+    t: datetime | None = None,
+) -> Event:
+    if text[:1] == "[":
+        # a caller id ("[   T3930] ", CONFIG_PRINTK_CALLER) or a boot stamp inside a syslog record
+        m = _K_INNER_RE.match(text)
+        if m and m.end():
+            inner = text[: m.end()]
+            if boot_s is None and "." in inner:
+                try:
+                    boot_s = float(inner.strip().split("]")[0].strip("[ "))
+                except ValueError:
+                    pass
+            text = text[m.end() :]
+    ev = Event(source="kernel", text=text, raw=raw, time=t, time_text=time_text, level=level, seq=seq)
+    if boot_s is not None:
+        ev.extra["boot_s"] = boot_s
+    kernel_message_info(ev)
+    return ev
+
+
+def parse_kernel_record(line: str) -> Event | None:
+    """Parse one kernel log record in any of the kernel formats into an Event (source "kernel").
+
+    Formats: /dev/kmsg "prio,seq,usec,flags;message" (Documentation/ABI/testing/dev-kmsg),
+    `dmesg` "[ 551.424205] message", `dmesg -T` "[Thu Mar 26 10:12:46 2026] message",
+    `dmesg --time-format iso` "2026-03-26T10:12:46,123456+00:00 message", `journalctl -k`
+    "Mar 26 10:12:46 host kernel: message" (also -o short-iso), `journalctl -k -o json`
+    (one JSON object per line; MESSAGE, __REALTIME_TIMESTAMP, _PID, _COMM), or a bare message.
+
+    Boot-relative times (kmsg usec, dmesg seconds) go to extra["boot_s"] (seconds since boot);
+    `time` is set only for wall-clock formats. Returns None for empty lines and kmsg
+    " KEY=value" continuation lines. Never raises.
+    """
+    s = _clean(line)
+    if not s.strip():
+        return None
+    try:
+        return _parse_kernel(s)
+    except Exception:  # a parser must never take the caller down; keep the text
+        return Event(source="kernel", text=s.strip(), raw=s)
+
+
+def _parse_kernel(s: str) -> Event | None:
+    c = s[0]
+    if c == " " and "=" in s and not s.lstrip().startswith(("[", "2")):
+        return None  # kmsg dictionary continuation (" SUBSYSTEM=drm")
+    if c.isdigit():
+        m = _KMSG_RE.match(s)
+        if m:
+            prio = int(m.group(1))
+            usec = int(m.group(3))
+            return _kernel_event(
+                s[m.end() :],
+                s,
+                time_text=f"{usec / 1e6:.6f}",
+                level=_KPRIO[prio & 7],
+                seq=int(m.group(2)),
+                boot_s=usec / 1e6,
+            )
+    if c == "{":
+        return _parse_journal_json(s)
+    level: str | None = None
+    if c == "<":
+        m0 = re.match(r"<(\d)>", s)
+        if m0:
+            level = _KPRIO[int(m0.group(1)) & 7]
+            s = s[m0.end() :]
+            c = s[:1] or " "
+    if c == "[":
+        m = _DMESG_RE.match(s)
+        if m:
+            return _kernel_event(s[m.end() :], s, time_text=m.group(1), boot_s=float(m.group(1)))
+        m = _DMESG_T_RE.match(s)
+        if m:
+            t = _parse_ctime(m.group(1))
+            return _kernel_event(s[m.end() :], s, time_text=m.group(1), t=t)
+    m = _ISO_RE.match(s)
+    if m:
+        ts = m.group(1)
+        t = _parse_iso(ts)
+        return _kernel_event(s[m.end() :], s, time_text=ts.replace("T", " "), t=t)
+    m = _SYSLOG_RE.match(s)
+    if m:
+        return _kernel_event(s[m.end() :], s, time_text=m.group(1), t=_parse_syslog_time(m.group(1)))
+    m = _BARE_KERNEL_RE.match(s)
+    if m:
+        return _kernel_event(s[m.end() :], s, time_text=m.group(1), level=level)
+    return _kernel_event(s.strip(), s, time_text=None, level=level)
+
+
+def _parse_journal_json(s: str) -> Event | None:
+    import json
+
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return _kernel_event(s, s, time_text=None)
+    if not isinstance(obj, dict):
+        return None
+    msg = obj.get("MESSAGE")
+    if isinstance(msg, list):  # journald sends non-UTF-8 messages as byte arrays
+        msg = bytes(int(b) & 0xFF for b in msg).decode("utf-8", "replace")
+    if not isinstance(msg, str):
+        return None
+    t = None
+    ts = obj.get("__REALTIME_TIMESTAMP")
+    if ts is not None:
+        try:
+            t = datetime.fromtimestamp(int(ts) / 1e6)
+        except (ValueError, OverflowError, OSError):
+            t = None
+    ev = _kernel_event(msg, s, time_text=t.strftime("%Y-%m-%d %H:%M:%S.%f") if t else None, t=t)
+    mono = obj.get("__MONOTONIC_TIMESTAMP")
+    if mono is not None:
+        try:
+            ev.extra["boot_s"] = int(mono) / 1e6
+        except ValueError:
+            pass
+    return ev
+
+
+def _parse_iso(ts: str) -> datetime | None:
+    try:
+        return datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+
+
+def _parse_ctime(ts: str) -> datetime | None:
+    parts = ts.split()
+    try:
+        mon, day, hms, year = parts[-4], int(parts[-3]), parts[-2], int(parts[-1])
+        h, mi, se = (int(x) for x in hms.split(":"))
+        return datetime(year, _MONTHS[mon], day, h, mi, se)
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
+def _parse_syslog_time(ts: str) -> datetime | None:
+    try:
+        mon, day, hms = ts.split()
+        h, mi, se = (int(x) for x in hms.split(":"))
+        return datetime(1900, _MONTHS[mon], int(day), h, mi, se)
+    except (KeyError, ValueError):
+        return None
+
+
+def _vllm_time(tt: str) -> datetime | None:
+    # "MM-DD HH:MM:SS": vLLM prints no year; the year is left at 1900 (only order matters).
+    try:
+        return datetime(1900, int(tt[0:2]), int(tt[3:5]), int(tt[6:8]), int(tt[9:11]), int(tt[12:14]))
+    except ValueError:
+        return None
+
+
+def parse_line(raw: str, file: str | None = None, lineno: int | None = None) -> Event:
+    """Parse one line of a mixed log (vLLM output, oneCCL, kernel records, crash dumps) into an
+    Event. Always returns an Event (source "text" when no known shape is recognised); never raises.
+
+    Recognised, after stripping CR/"^M" and wrappers (`docker logs -t` RFC 3339 stamp, docker
+    compose "service  | ", syslog/journald "Mon DD HH:MM:SS host unit[pid]: "):
+    vLLM "(Name pid=N) LEVEL MM-DD HH:MM:SS [file:line] msg" (nested prefixes, or none), uvicorn
+    "INFO:     ...", oneCCL "YYYY:MM:DD-HH:MM:SS: pid:[rank] |CCL_ERROR| msg" (and the "(  tid)" /
+    "pid" variants), kernel records (see `parse_kernel_record`), PyTorch "[rankN]:[E ...]" lines
+    and NCCL "host:pid:tid [dev] NCCL WARN" lines. Other lines (tracebacks, faulthandler and
+    native dumps, systemd-coredump stacks, `terminate called ...`) keep their text with source
+    "text" and are classified by the signature table.
+    """
+    try:
+        return _parse_line(raw, file, lineno)
+    except Exception:  # defensive: a malformed line must never stop the analysis
+        s = raw.rstrip("\r\n")
+        return Event(source="text", text=s, raw=s, file=file, line=lineno)
+
+
+def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
+    s = _clean(raw)
+    wrap_time: str | None = None
+    wrap_dt: datetime | None = None
+    wrap_pid: int | None = None
+    text = s
+    if not text:
+        return Event(source="text", text="", raw=s, file=file, line=lineno)
+    c = text[0]
+    # --- wrappers -------------------------------------------------------------------------
+    if c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == "T":
+        m = _ISO_RE.match(text)
+        if m:
+            rest = text[m.end() :]
+            if _KERNEL_MSG_RE.match(rest) or (m.group(2) or "").startswith(","):
+                ev = parse_kernel_record(text)
+                if ev is not None:
+                    ev.file, ev.line = file, lineno
+                    return ev
+            wrap_time = m.group(1).replace("T", " ")
+            wrap_dt = _parse_iso(m.group(1))
+            text = rest
+            c = text[:1]
+    elif c == " " and text.lstrip()[:1].isdigit() and _ISO_RE.match(text):
+        ev = parse_kernel_record(text)
+        if ev is not None:
+            ev.file, ev.line = file, lineno
+            return ev
+    if c.isalpha() and " | " in text[:80]:
+        m = _COMPOSE_RE.match(text)
+        if m:
+            text = text[m.end() :]
+            c = text[:1]
+    if c.isupper() and len(text) > 16 and text[3] == " " and text[6] == " " and text[9] == ":":
+        m = _SYSLOG_RE.match(text)
+        if m:
+            unit = m.group(3)
+            if unit == "kernel":
+                ev = _kernel_event(text[m.end() :], s, time_text=m.group(1), t=_parse_syslog_time(m.group(1)))
+                ev.file, ev.line = file, lineno
+                return ev
+            wrap_time = m.group(1)
+            wrap_dt = _parse_syslog_time(m.group(1))
+            wrap_pid = int(m.group(4)) if m.group(4) else None
+            text = text[m.end() :]
+            c = text[:1]
+    if not text:
+        return Event(source="text", text="", raw=s, file=file, line=lineno, time_text=wrap_time, time=wrap_dt)
+    if (c == "k" or c.isdigit()) and "kernel: " in text[:24]:
+        m = _BARE_KERNEL_RE.match(text)
+        if m:
+            ev = _kernel_event(text[m.end() :], s, time_text=m.group(1))
+            ev.file, ev.line = file, lineno
+            return ev
+    # --- vLLM prefixed lines ----------------------------------------------------------------
+    name: str | None = None
+    pid: int | None = None
+    if c == "(":
+        name, pid, text = split_process_prefix(text)
+        c = text[:1]
+    if c.isupper():
+        m = _VLLM_RE.match(text)
+        if m:
+            tt = m.group(2)
+            return Event(
+                source="vllm",
+                text=text[m.end() :],
+                raw=s,
+                time=_vllm_time(tt),
+                time_text=tt,
+                process=name,
+                pid=pid if name else wrap_pid,
+                level=m.group(1),
+                file=file,
+                line=lineno,
+                code_location=m.group(3),
+            )
+        if text.startswith(("INFO:", "WARNING:", "ERROR:", "CRITICAL:")):
+            m = _UVICORN_RE.match(text)
+            if m:
+                return Event(
+                    source="vllm",
+                    text=text[m.end() :],
+                    raw=s,
+                    process=name,
+                    pid=pid,
+                    level=m.group(1),
+                    file=file,
+                    line=lineno,
+                    time_text=wrap_time,
+                    time=wrap_dt,
+                )
+    elif c.isdigit():
+        if len(text) > 20 and text[4] == ":" and text[10] == "-":
+            m = _CCL_RE.match(text)
+            if m:
+                tt = f"{m.group(1)}:{m.group(2)}:{m.group(3)}-{m.group(4)}"
+                try:
+                    hh, mi, ss = (int(x) for x in m.group(4).split(":"))
+                    t = datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)), hh, mi, ss)
+                except ValueError:
+                    t = None
+                cpid = m.group(5) or m.group(6)
+                return Event(
+                    source="ccl",
+                    text=text[m.end() :],
+                    raw=s,
+                    time=t,
+                    time_text=tt,
+                    process=name,
+                    pid=int(cpid) if cpid else pid,
+                    rank=int(m.group(7)) if m.group(7) else None,
+                    level=m.group(8),
+                    file=file,
+                    line=lineno,
+                    extra={"tid": int(m.group(5))} if m.group(5) else {},
+                )
+        m = _KMSG_RE.match(text)
+        if m and name is None:
+            ev = parse_kernel_record(text)
+            if ev is not None:
+                ev.file, ev.line = file, lineno
+                return ev
+    elif c == "<" and name is None and len(text) > 3 and text[1].isdigit() and text[2] == ">":
+        ev = parse_kernel_record(text)
+        if ev is not None:
+            ev.file, ev.line = file, lineno
+            return ev
+    elif c == "[":
+        if text.startswith("[rank") or (len(text) > 3 and text[1].isdigit() and "[rank" in text[:16]):
+            m = _TORCH_RANK_RE.match(text)
+            if m:
+                return Event(
+                    source="vllm",
+                    text=text[m.end() :],
+                    raw=s,
+                    process=name,
+                    pid=pid,
+                    rank=int(m.group(1)),
+                    file=file,
+                    line=lineno,
+                    time_text=wrap_time,
+                    time=wrap_dt,
+                    level="ERROR" if text[m.end() : m.end() + 3] == "[E " else None,
+                )
+        if name is None and (_DMESG_RE.match(text) or _DMESG_T_RE.match(text)):
+            ev = parse_kernel_record(text)
+            if ev is not None:
+                ev.file, ev.line = file, lineno
+                return ev
+    if name is None and " NCCL " in text:
+        m = _NCCL_RE.match(text)
+        if m:
+            return Event(
+                source="ccl",
+                text=text[m.end() :],
+                raw=s,
+                pid=int(m.group(2)),
+                level="NCCL_" + m.group(5),
+                file=file,
+                line=lineno,
+                time_text=wrap_time,
+                time=wrap_dt,
+                extra={"device_index": int(m.group(4))},
+            )
+    if name is None and "pid=" in text:
+        # a progress bar or other output without a newline before a prefixed vLLM line
+        m = _MID_PREFIX_RE.search(text)
+        if m:
+            return _parse_line(text[m.start() :], file, lineno)
+    if name is None and wrap_time is None and _KERNEL_MSG_RE.match(text):
+        ev = _kernel_event(text, s, time_text=None)
+        ev.file, ev.line = file, lineno
+        return ev
+    return Event(
+        source="vllm" if name else "text",
+        text=text,
+        raw=s,
+        process=name,
+        pid=pid if pid else wrap_pid,
+        file=file,
+        line=lineno,
+        time_text=wrap_time,
+        time=wrap_dt,
+    )

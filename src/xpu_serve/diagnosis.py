@@ -1,0 +1,1323 @@
+"""Events -> Incident: which failure came first (root cause) and what merely followed.
+
+One analysis serves `xpu-serve diagnose` on files and `xpu-serve up` live: both feed lines
+(`Analyzer.feed_line`) and facts/kernel records (`Analyzer.add_event`) into an `Analyzer` and ask
+for `Analyzer.incident()`. The causal rules are written here, not taken from a library: they are
+the domain itself (what vLLM, oneCCL and the kernel print when a TP worker dies or hangs).
+
+Causal rules (not line order; several processes interleave their output):
+- a consequence row (oneCCL finalize errors, EngineDeadError, cancelled reads...) is never the root;
+- root candidates are ranked by what they explain: a kernel record of a crash in a GPU library
+  (umd-segfault) > a kernel GPU fault > the OOM killer > a process's own specific error
+  (config, device memory, device lost, collective) > a generic exception > a death report >
+  hang detection > start-up stall; the row's `weight` encodes it;
+- a process's own exception outranks vLLM's `died unexpectedly` report of it; EngineCore
+  re-raising a worker's error ("Worker failed with error ...") names the worker;
+- collective errors, device-lost and generic exceptions that come after a process died are
+  consequences of that death; a device-lost report with a kernel GPU fault at hand is the fault;
+- kernel pids are linked to logged pids where they match, else by name and order (the kernel's
+  comm is cut to 15 bytes, containers show host pids), with a note saying so;
+- hangs: the last progress (a stats line with non-zero throughput), the detection (RPC timeout,
+  ProcessGroup watchdog, xpu-serve watchdog) and the delay between them;
+- start-up stalls: the last milestone reached and the ranks that did not reach it.
+
+Memory stays bounded whatever the input size: only classified events are kept, each signature
+keeps its first few occurrences and counts.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cmp_to_key
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+from xpu_serve.events import Event, kernel_message_info, parse_line
+from xpu_serve.signatures import Signature, SignatureTable, load_table
+
+MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
+MAX_GROUPS = 4096  # consequence groups (signature, process, rank) kept
+MAX_LINE = 65536  # longer lines are cut (bytes) when reading files
+TIMELINE_MAX = 15
+PHASES = (
+    "args",
+    "engine-init",
+    "dist-init",
+    "ccl-init",
+    "load-model",
+    "kv-cache",
+    "engine-ready",
+    "api",
+    "ready",
+)
+_READY_PHASES = {"ready", "serving"}
+_WORKER_RE = re.compile(r"(?:VllmWorker-|Worker_TP|VllmWorker_TP)(\d+)")
+_EXC_LINE_RE = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
+)
+_REFAISE_RE = re.compile(r"Worker failed with error")
+# the stats line's numbers, matched at the position of "Avg prompt throughput: " (the fast path);
+# the table's stats-line row is the reference shape (vllm/v1/metrics/loggers.py)
+_STATS_AT = re.compile(
+    r"Avg prompt throughput: (?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) "
+    r"tokens/s, Running: (?P<running>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<waiting>\d+) reqs"
+)
+_EXIT_SIG = {
+    "-11": "SIGSEGV",
+    "-6": "SIGABRT",
+    "-9": "SIGKILL",
+    "-7": "SIGBUS",
+    "-15": "SIGTERM",
+    "-4": "SIGILL",
+}
+
+
+def normalize_process(name: str | None, rank: int | None = None) -> str | None:
+    """vLLM process name as the verdict contract spells it: "EngineCore" for "EngineCore_DP0",
+    "Worker_TP<rank>" for "Worker"/"VllmWorker-<n>" when the rank is known, "APIServer"..."""
+    if not name:
+        return None
+    if name.startswith("EngineCore"):
+        return "EngineCore"
+    m = _WORKER_RE.search(name)
+    if m:
+        return f"Worker_TP{m.group(1)}"
+    if name.startswith(("VLLM::Worker", "Worker", "VllmWorker", "RayWorker")):
+        return f"Worker_TP{rank}" if rank is not None else "Worker"
+    if name.startswith("VLLM::EngineCor"):
+        return "EngineCore"
+    return name
+
+
+def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
+    t = ev.time
+    if t is None:
+        k = ev.extra.get("_tkey")
+        return k if isinstance(k, tuple) else None
+    if ev.source == "kernel" and "boot_s" in ev.extra and ev.time is None:
+        return None
+    return (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+
+
+def _boot(ev: Event) -> float | None:
+    b = ev.extra.get("boot_s")
+    return float(b) if isinstance(b, (int, float)) and ev.time is None else None
+
+
+def _cmp_time(a: Event, b: Event) -> int:
+    """Order two events by time where their clocks are comparable, else by input order."""
+    ka, kb = _tkey(a), _tkey(b)
+    if ka is not None and kb is not None and ka != kb:
+        return -1 if ka < kb else 1
+    ba, bb = _boot(a), _boot(b)
+    if ba is not None and bb is not None and ba != bb:
+        return -1 if ba < bb else 1
+    oa, ob = int(a.extra.get("_order", 0)), int(b.extra.get("_order", 0))  # type: ignore[call-overload]
+    return (oa > ob) - (oa < ob)
+
+
+@dataclass
+class _Group:
+    sig: Signature
+    process: str | None
+    rank: int | None
+    pid: int | None
+    first: Event
+    count: int = 0
+
+
+@dataclass
+class Incident:
+    """The verdict: cause id, root event, consequences, timeline, hang facts, notes.
+
+    `to_contract()` gives the `--json` verdict contract of /work/shared/cases/README.md.
+    """
+
+    cause: str = "unknown"
+    summary: str = "Nothing in the input supports a verdict."
+    root: dict[str, Any] | None = None
+    consequences: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    hang: dict[str, Any] | None = None
+    library: str | None = None
+    notes: list[str] = field(default_factory=list)
+    meaning: str = ""
+    advice: str = ""
+    root_label: str | None = None
+    consequence_groups: list[dict[str, Any]] = field(default_factory=list)
+    startup: dict[str, Any] | None = None
+    lines_read: int = 0
+    files: list[str] = field(default_factory=list)
+
+    def to_contract(self) -> dict[str, Any]:
+        """The JSON verdict: {cause, summary, root, consequences, timeline, hang, library, notes}."""
+        return {
+            "cause": self.cause,
+            "summary": self.summary,
+            "root": self.root,
+            "consequences": self.consequences,
+            "timeline": self.timeline,
+            "hang": self.hang,
+            "library": self.library,
+            "notes": self.notes,
+        }
+
+
+class Analyzer:
+    """Streaming analysis of lines and facts; memory bounded by the number of signatures.
+
+    Use: `feed_line(line, file, lineno)` for every line (vLLM output, oneCCL, kernel records in
+    any format, crash dumps), `add_event(event)` for facts (xpu_serve.facts) and kernel records
+    already parsed (`events.parse_kernel_record`), then `incident()` (may be called repeatedly).
+    Not thread-safe: feed from one thread or task.
+    """
+
+    def __init__(self, table: SignatureTable | None = None) -> None:
+        self.table = table or load_table()
+        self.lines = 0
+        self._order = 0
+        self._lineno: dict[str, int] = {}
+        self._files: list[str] = []
+        self._last_t: dict[str, tuple[int, ...]] = {}
+        self._tb: dict[tuple[str, int | None], list[int]] = {}  # stream -> [state, group]
+        self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
+        self._pyexc_by_group: dict[int, list[Event]] = {}
+        self._last_kernel: dict[str, tuple[int, Event]] = {}
+        self._last_terminate: dict[str, tuple[int, Event]] = {}
+        self._last_coredump: dict[str, tuple[int, Event]] = {}
+        self.pid_rank: dict[int, int] = {}
+        self.pid_name: dict[int, str] = {}
+        self.world_size: int | None = None
+        self.roots: dict[str, list[Event]] = {}
+        self.root_counts: dict[str, int] = {}
+        self.precursors: dict[str, list[Event]] = {}
+        self.precursor_counts: dict[str, int] = {}
+        self.groups: dict[tuple[str, str | None, int | None], _Group] = {}
+        self.milestones: dict[str, dict[str, Any]] = {}
+        self.ready = False
+        # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
+        self.last_progress: Any = None
+        self.last_stats: Any = None
+        self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
+        self.facts_hang: Event | None = None
+        # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
+        # below), belongs to an open traceback, or continues a kernel record
+        self._ac: Any = self.table.trigger_automaton(
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "'), skip_roles=("context",)
+        )
+        self._stats_sig = self.table.by_id.get("stats-line")
+        self._prefix_seen: dict[str, int | None] = {}
+        self._last_line: dict[str, str] = {}
+        self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
+        self._tb_check = 0
+
+    def is_fatal(self, event: Event) -> bool:
+        """True when vLLM is dead or exiting after this classified line (rows with `fatal: true`:
+        EngineCore fatal error, EngineDeadError, failed start, a death report)."""
+        sig = self.table.by_id.get(event.signature or "")
+        return bool(sig is not None and sig.extra.get("fatal"))
+
+    # ------------------------------------------------------------------ feeding
+    def feed_line(self, line: str, file: str = "<live>", lineno: int | None = None) -> Event | None:
+        """Parse and classify one line; returns the Event when a signature matched, else None.
+
+        `lineno` is 1-based; when None it counts lines per `file`. Never raises on any text.
+        """
+        if file not in self._lineno and len(self._files) < 1000:
+            self._files.append(file)
+        if lineno is None:
+            lineno = self._lineno.get(file, 0) + 1
+        self._lineno[file] = lineno
+        return self._feed_fast(line, file, lineno)
+
+    def _feed_fast(self, line: str, file: str, lineno: int) -> Event | None:
+        self.lines += 1
+        pid = self._prefix_pid(line, file, lineno)
+        tb = self._tb
+        sp = (
+            line.find("Avg prompt throughput: ")
+            if self._stats_sig is not None and not (tb and (file, pid) in tb)
+            else -1
+        )
+        if sp >= 0:
+            m = _STATS_AT.match(line, sp)
+            if m:
+                self._stats(m, (line, file, lineno), None)
+                self._last_line[file] = line
+                return None
+        if not self.ready and " HTTP/" in line and '" 200' in line:
+            self.ready = True
+        if (
+            (tb and (file, pid) in tb)
+            or (line[:1] in (" ", "\t") and self._last_kernel.get(file, (0,))[0] == lineno - 1)
+            or self._ac is None
+            or self._ac.find_matches_as_indexes(line)
+        ):
+            return self._slow(line, file, lineno)
+        self._last_line[file] = line
+        if pid is not None:
+            self.pid_last_raw[pid] = (line, file, lineno)
+        return None
+
+    def _prefix_pid(self, line: str, file: str, lineno: int) -> int | None:
+        """pid of a vLLM process prefix in the line (learning pid -> name/rank on first sight)."""
+        j = line.find(" pid=", 0, 160)
+        if j < 0:
+            return None
+        k = line.find(")", j)
+        if k < 0:
+            return None
+        key = line[: k + 1]
+        got = self._prefix_seen.get(key, -1)
+        if got == -1:
+            got = None
+            if len(self._prefix_seen) < 20000:
+                pev = parse_line(line, file, lineno)
+                self._learn_pid(pev)
+                got = pev.pid
+                self._prefix_seen[key] = got
+        return got
+
+    def _slow(self, line: str, file: str, lineno: int) -> Event | None:
+        ev = parse_line(line, file, lineno)
+        r = self._ingest(ev, file, lineno)
+        self._last_line[file] = line
+        if ev.pid is not None and ev.source in ("vllm", "ccl"):
+            self.pid_last_raw[ev.pid] = (line, file, lineno)
+        return r
+
+    def feed_block(self, text: str, file: str, first_lineno: int = 1) -> int:
+        """Feed a block of complete lines ("\n"-separated, no trailing newline) of one file;
+        returns the number of lines. Same result as `feed_line` per line, much faster: the keyword
+        automaton runs once over the whole block (its per-call cost dominates short lines), so only
+        lines holding a keyword take the slow path."""
+        lines = text.split("\n")
+        if self._ac is None:
+            self.feed_lines(lines, file, first_lineno)
+            return len(lines)
+        hit: set[int] = set()
+        found = self._ac.find_matches_as_indexes(text)
+        if found:
+            starts = list(accumulate((len(x) + 1 for x in lines), initial=0))
+            for _, start, _ in found:
+                hit.add(bisect_right(starts, start) - 1)
+        self.feed_lines(lines, file, first_lineno, hit)
+        return len(lines)
+
+    def feed_lines(
+        self, lines: Iterable[str], file: str, first_lineno: int = 1, hits: set[int] | None = None
+    ) -> None:
+        """Feed many lines of one file (the same as `feed_line` for each, faster: the common
+        case, a line that no signature can match, is handled inline). `hits`: indexes (0-based,
+        in `lines`) of the lines that contain a keyword, when the caller already knows them."""
+        ac_find = self._ac.find_matches_as_indexes if self._ac is not None and hits is None else None
+        use_hits = hits is not None
+        hitset = hits or set()
+        stats_sig = self._stats_sig
+        stats_search = stats_sig.pattern.search if stats_sig is not None else None
+        last_line = self._last_line
+        pid_last_raw = self.pid_last_raw
+        prefix_seen = self._prefix_seen
+        last_kernel = self._last_kernel
+        tb = self._tb
+        n = 0
+        lineno = first_lineno - 1
+        for idx, line in enumerate(lines):
+            lineno += 1
+            n += 1
+            if len(line) > MAX_LINE:
+                line = line[:MAX_LINE]
+            pid: int | None = None
+            j = line.find(" pid=", 0, 160)
+            if j >= 0:
+                k = line.find(")", j)
+                if k > 0:
+                    got = prefix_seen.get(line[: k + 1], -1)
+                    pid = self._prefix_pid(line, file, lineno) if got == -1 else got
+            in_tb = bool(tb) and (file, pid) in tb
+            sp = line.find("Avg prompt throughput: ") if stats_search is not None and not in_tb else -1
+            if sp >= 0:
+                m = _STATS_AT.match(line, sp)
+                if m:
+                    self._stats(m, (line, file, lineno), None)
+                    last_line[file] = line
+                    continue
+            if not self.ready and " HTTP/" in line and '" 200' in line:
+                self.ready = True
+            if (
+                in_tb
+                or (line[:1] in (" ", "\t") and last_kernel.get(file, (0,))[0] == lineno - 1)
+                or (idx in hitset if use_hits else (ac_find is None or bool(ac_find(line))))
+            ):
+                self.lines += n
+                n = 0
+                self._slow(line, file, lineno)
+                continue
+            last_line[file] = line
+            if pid is not None:
+                pid_last_raw[pid] = (line, file, lineno)
+        self.lines += n
+        self._lineno[file] = lineno
+
+    def _stats(self, m: re.Match[str], raw: tuple[str, str, int] | None, ev: Event | None) -> None:
+        """A periodic stats line: progress when prompt or generation throughput is non-zero;
+        a stall when requests are running or waiting and both are zero. Stored as the raw line
+        (parsed again only for the verdict) so the fast path stays cheap."""
+        self.ready = True
+        try:
+            p = float(m.group("prompt_tps") or 0)
+            g = float(m.group("gen_tps") or 0)
+            running = int(m.group("running") or 0) + int(m.group("waiting") or 0)
+        except (ValueError, IndexError):
+            return
+        ref: Any = ev if ev is not None else raw
+        self.last_stats = ref
+        if p > 0 or g > 0:
+            self.last_progress = ref
+            self.stall_stats = None
+        elif running > 0 and self.stall_stats is None:
+            self.stall_stats = ref
+
+    def _ref_event(self, ref: Any) -> Event | None:
+        if ref is None or isinstance(ref, Event):
+            return ref
+        line, file, lineno = ref
+        ev = parse_line(line, file, lineno)
+        ev.signature, ev.role = "stats-line", "progress"
+        ev.extra["_order"] = 0
+        t = ev.time
+        if t is not None:
+            ev.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+        return ev
+
+    def _learn_pid(self, ev: Event) -> None:
+        pid, name = ev.pid, ev.process
+        if pid is None or ev.source not in ("vllm", "ccl"):
+            return
+        if name:
+            if pid not in self.pid_name:
+                self.pid_name[pid] = name
+            if name[-1].isdigit() and "_TP" in name:
+                m = _WORKER_RE.search(name)
+                if m:
+                    self.pid_rank.setdefault(pid, int(m.group(1)))
+        if ev.rank is not None:
+            self.pid_rank.setdefault(pid, ev.rank)
+        elif pid in self.pid_rank:
+            ev.rank = self.pid_rank[pid]
+
+    def add_event(self, event: Event) -> None:
+        """Add a fact (process exit, hang, health, start-up stall: `xpu_serve.facts`) or an
+        already-parsed kernel record. Classified with the same table as lines."""
+        file = event.file or f"<{event.source}>"
+        lineno = event.line if event.line is not None else self._lineno.get(file, 0) + 1
+        self._lineno[file] = lineno
+        self._ingest(event, file, lineno, fact=True)
+
+    def _ingest(self, ev: Event, file: str, lineno: int, fact: bool = False) -> Event | None:
+        self._order += 1
+        ev.extra["_order"] = self._order
+        text = ev.text
+        src = ev.source
+        # time carried forward per file for lines without their own stamp (ordering only)
+        t = ev.time
+        if t is not None:
+            if not (src == "kernel" and "boot_s" in ev.extra):
+                self._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+        else:
+            prev = self._last_line.pop(file, None)
+            if prev is not None:
+                pe = parse_line(prev)
+                pt = pe.time
+                if pt is not None and not (pe.source == "kernel" and "boot_s" in pe.extra):
+                    self._last_t[file] = (pt.month, pt.day, pt.hour, pt.minute, pt.second, pt.microsecond)
+            if file in self._last_t:
+                ev.extra["_tkey"] = self._last_t[file]
+        # kernel continuation lines (wrapped pastes, multi-line records)
+        if src == "text" and text[:1] in (" ", "\t") and file in self._last_kernel:
+            kl, kev = self._last_kernel[file]
+            if kl == lineno - 1 and "Traceback" not in text:
+                self._last_kernel[file] = (lineno, kev)
+                kev.text = kev.text.rstrip() + " " + text.strip()
+                kernel_message_info(kev)
+                if kev.signature is None:
+                    self._classify(kev, False, file, lineno)
+                return None
+        if src == "kernel":
+            self._last_kernel[file] = (lineno, ev)
+        pid = ev.pid
+        self._learn_pid(ev)
+        if self._tb:
+            self._tb_check += 1
+            if self._tb_check >= 256:  # close tracebacks whose stream went quiet (bounded work)
+                self._tb_check = 0
+                for k in [k for k, v in self._tb.items() if self._order - v[2] > 512]:
+                    del self._tb[k]
+        # Python tracebacks, per stream
+        in_tb = False
+        group = None
+        if src in ("vllm", "text"):
+            key = (file, pid)
+            st = self._tb.get(key)
+            if text.startswith("Traceback (most recent call last)") or (
+                "Traceback (most recent call last)" in text and text.rstrip().endswith(":")
+            ):
+                if st is None or st[0] != 3:
+                    st = [1, self._order, self._order]
+                else:
+                    st[0] = 1
+                self._tb[key] = st
+                group = st[1]
+            elif st is None and text.lstrip().startswith('File "') and ", line " in text:
+                # a paste that starts inside a traceback (its header cut off): frames open one
+                self._tb[key] = [2, self._order, self._order]
+                group = self._order
+            elif st is not None:
+                st[2] = self._order
+                s0 = st[0]
+                stripped = text.strip()
+                if s0 == 2:
+                    # the source line under a frame: code, never evidence
+                    # (`raise RuntimeError(f"NCCL error: ...")` is not the error)
+                    st[0] = 1
+                    group = st[1]
+                    if not _EXC_LINE_RE.match(stripped):
+                        return None
+                elif s0 == 1:
+                    group = st[1]
+                    if stripped.startswith("File "):
+                        st[0] = 2
+                    elif not stripped or stripped.startswith(("^", "~")):
+                        pass
+                    elif stripped.startswith(("During handling", "The above exception")):
+                        pass
+                    elif _EXC_LINE_RE.match(stripped):
+                        in_tb = True
+                        st[0] = 3
+                    elif text[:1] in (" ", "\t"):
+                        return None  # indented source line of a frame
+                    else:
+                        # not a traceback line: the traceback was cut off (or its exception line
+                        # has an unusual shape); classify it as the exception line, then close
+                        in_tb = True
+                        del self._tb[key]
+                elif s0 == 3:
+                    if not stripped or stripped.startswith(("During handling", "The above exception")):
+                        group = st[1]
+                    else:
+                        del self._tb[key]
+            if group is not None:
+                ev.group = group
+        res = self._classify(ev, in_tb, file, lineno)
+        if res is None:
+            return None
+        return ev
+
+    def _classify(self, ev: Event, in_tb: bool, file: str, lineno: int) -> Signature | None:
+        m = self.table.match(ev, in_tb)
+        if m is None:
+            if ev.text.lstrip().startswith("what():"):
+                self._what_line(ev, file, lineno, None)
+            return None
+        sig, mt = m
+        ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
+        gd = mt.groupdict()
+        for k, v in gd.items():
+            if v is not None:
+                ev.extra[k] = v
+        if ev.rank is None and gd.get("rank"):
+            ev.rank = int(gd["rank"])
+        role = sig.role
+        if (
+            ev.group is not None
+            and sig.id != "python-exception"
+            and role in ("root", "consequence", "precursor")
+        ):
+            gs = self._group_specific
+            gs[ev.group] = None
+            if len(gs) > 4096:
+                del gs[next(iter(gs))]
+            for pe in self._pyexc_by_group.get(ev.group, ()):
+                pe.extra["subsumed"] = True
+        if role == "progress":
+            self._progress(ev, sig, gd)
+            return sig
+        if role == "context":
+            if sig.phase == "serving":
+                self.ready = True
+            return sig
+        if ev.text.lstrip().startswith("what():"):
+            self._what_line(ev, file, lineno, sig)
+        if role == "root":
+            if sig.id == "cxx-terminate":
+                self._last_terminate[file] = (lineno, ev)
+            elif sig.id == "coredump-dumped":
+                self._last_coredump[file] = (lineno, ev)
+            elif sig.id == "coredump-frame-umd":
+                cd = self._last_coredump.get(file)
+                if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
+                    ev.pid = int(str(cd[1].extra.get("pid")))
+                    ev.process = str(cd[1].extra.get("comm") or "") or None
+            if sig.id == "hang-watchdog":
+                self.facts_hang = ev
+            n = self.root_counts.get(sig.id, 0)
+            self.root_counts[sig.id] = n + 1
+            lst = self.roots.setdefault(sig.id, [])
+            if len(lst) < MAX_PER_SIGNATURE:
+                lst.append(ev)
+                if sig.id == "python-exception" and ev.group is not None:
+                    if ev.group in self._group_specific:
+                        ev.extra["subsumed"] = True
+                    self._pyexc_by_group.setdefault(ev.group, []).append(ev)
+        elif role == "precursor":
+            self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
+            lst = self.precursors.setdefault(sig.id, [])
+            if len(lst) < MAX_PER_SIGNATURE:
+                lst.append(ev)
+            elif sig.id == "shm-broadcast-wait":
+                lst[-1] = ev
+        else:
+            self._add_consequence(ev, sig)
+        return sig
+
+    def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
+        """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
+        a known teardown error, the terminate is a consequence too."""
+        t = self._last_terminate.get(file)
+        if not t or lineno - t[0] > 3:
+            return
+        tev = t[1]
+        tev.extra["what"] = ev.text.strip()[7:].strip()
+        if sig is not None and sig.role == "consequence" and tev.role == "root":
+            tev.role = "consequence"
+            tev.extra["teardown"] = True
+            self._add_consequence(tev, self.table.by_id["cxx-terminate"])
+
+    def _add_consequence(self, ev: Event, sig: Signature) -> None:
+        rank = ev.rank if ev.rank is not None else (self.pid_rank.get(ev.pid) if ev.pid is not None else None)
+        proc = normalize_process(ev.process or (self.pid_name.get(ev.pid) if ev.pid else None), rank)
+        key = (sig.id, proc, rank)
+        g = self.groups.get(key)
+        if g is None:
+            if len(self.groups) >= MAX_GROUPS:
+                return
+            g = self.groups[key] = _Group(sig, proc, rank, ev.pid, ev)
+        g.count += 1
+
+    def _progress(self, ev: Event, sig: Signature, gd: dict[str, Any]) -> None:
+        phase = sig.phase
+        if phase == "serving":  # stats line
+            m = sig.pattern.search(ev.text)
+            if m:
+                self._stats(m, None, ev)
+            return
+        if phase == "ready":
+            self.ready = True
+        if phase is None:
+            return
+        rank = ev.rank
+        if "rank" in gd and gd["rank"] is not None:
+            rank = int(gd["rank"])
+            if ev.pid is not None:
+                self.pid_rank.setdefault(ev.pid, rank)
+        if "world_size" in gd and gd["world_size"]:
+            self.world_size = int(gd["world_size"])
+        if rank is None and ev.pid is not None:
+            rank = self.pid_rank.get(ev.pid)
+        ms = self.milestones.get(phase)
+        if ms is None:
+            ms = self.milestones[phase] = {
+                "ranks": set(),
+                "first": ev,
+                "last": ev,
+                "per_rank": sig.per_rank,
+                "sig": sig,
+                "pids": set(),
+            }
+        ms["last"] = ev
+        if sig.per_rank:
+            ms["per_rank"] = True
+        if rank is not None:
+            ms["ranks"].add(rank)
+        elif ev.pid is not None and len(ms["pids"]) < 1024:
+            ms["pids"].add(ev.pid)
+
+    # ------------------------------------------------------------------ analysis
+    def incident(self) -> Incident:
+        """Analyse everything fed so far; never raises on any input."""
+        self.last_progress = self._ref_event(self.last_progress)
+        self.last_stats = self._ref_event(self.last_stats)
+        self.stall_stats = self._ref_event(self.stall_stats)
+        inc = Incident(lines_read=self.lines, files=list(self._files))
+        notes = inc.notes
+        # late pid->rank knowledge for ccl milestone pids
+        for ms in self.milestones.values():
+            for pid in list(ms["pids"]):
+                if pid in self.pid_rank:
+                    ms["ranks"].add(self.pid_rank[pid])
+        cands: list[Event] = []
+        demoted: list[Event] = []
+        for evs in self.roots.values():
+            for ev in evs:
+                if ev.role != "root":
+                    continue
+                if ev.signature == "python-exception" and ev.extra.get("subsumed"):
+                    demoted.append(ev)
+                    continue
+                cands.append(ev)
+        if "pg-watchdog-timeout" in self.roots or any(
+            g.sig.id == "pg-watchdog-terminated" for g in self.groups.values()
+        ):
+            # the ProcessGroup watchdog aborts its process (SIGABRT): that death follows the timeout
+            keep0 = []
+            for e in cands:
+                code = str(e.extra.get("exit_code") or "")
+                sig_name = str(e.extra.get("signame") or "")
+                if e.cause == "process-crash" and (code == "-6" or sig_name in ("SIGABRT", "Aborted")):
+                    demoted.append(e)
+                else:
+                    keep0.append(e)
+            cands = keep0
+        deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
+        first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
+        kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
+        keep: list[Event] = []
+        for ev in cands:
+            if first_death is not None and ev.cause in (
+                "collective-failure",
+                "process-exception",
+                "device-lost",
+            ):
+                # after a process died, other processes' errors are consequences of it; within the
+                # same second too when the error is a generic exception of another process (vLLM's
+                # clock has 1 s resolution, the supervisor's facts are finer) unless it relays a
+                # worker's error ("Worker failed with error ...")
+                same_second = (
+                    ev.cause == "process-exception"
+                    and not _REFAISE_RE.search(ev.text)
+                    and self._same_second(first_death, ev)
+                )
+                if (
+                    ev.source != "kernel"
+                    and (self._before(first_death, ev) or same_second)
+                    and not self._same_proc(first_death, ev)
+                ):
+                    demoted.append(ev)
+                    continue
+            keep.append(ev)
+        cands = keep
+
+        def rank_key(a: Event, b: Event) -> int:
+            wa = self.table.by_id[a.signature or ""].weight
+            wb = self.table.by_id[b.signature or ""].weight
+            if wa != wb:
+                return -1 if wa > wb else 1
+            c = _cmp_time(a, b)
+            if c:
+                return c
+            return (self._proc_pref(a) > self._proc_pref(b)) - (self._proc_pref(a) < self._proc_pref(b))
+
+        # same weight: among kernel records of the same kernel clock, the earliest wins;
+        # a worker's own record beats EngineCore's re-raise of it at the same time.
+        cands.sort(key=cmp_to_key(rank_key))
+        root = cands[0] if cands else None
+        if root is not None and root.cause == "device-lost" and kernel_gpu:
+            root = min(kernel_gpu, key=cmp_to_key(_cmp_time))
+        if root is not None and root.cause == "gpu-fault" and any(c.cause == "device-lost" for c in cands):
+            notes.append("user space reported the device lost; the kernel's GPU fault record explains it")
+        cause = root.cause if root is not None else None
+        # hangs
+        hang_precursors = [
+            e
+            for sid, evs in self.precursors.items()
+            for e in evs
+            if self.table.by_id[sid].cause == "engine-hang" and sid != "bare-timeout-error"
+        ]
+        if root is None and self.ready:
+            lp = self.last_progress
+            late_waits = [e for e in hang_precursors if lp is None or _cmp_time(lp, e) < 0]
+            if self.stall_stats is not None or late_waits:
+                cause = "engine-hang"
+            hang_precursors = late_waits or hang_precursors
+        startup_info = self._startup_info()
+        if not self.ready and cause in (None, "engine-hang") and self.milestones:
+            if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors:
+                cause = "startup-hang"
+            elif not self.groups and not demoted:
+                cause = "startup-hang"
+                notes.append(
+                    "the input ends during start-up without an error and without the ready line; no rank "
+                    "lags behind the others: a stall is assumed (or the log was cut short)"
+                )
+        if root is not None and root.signature == "startup-stall":
+            cause = "startup-hang"
+        if cause is None:
+            inc.cause = "unknown"
+            if self.milestones and not self.ready:
+                notes.append(
+                    "start-up failed (consequences are in the input) but the error that caused it is not"
+                )
+            if self.lines == 0 and not self.roots:
+                notes.append("the input is empty")
+            inc.consequence_groups = self._consequence_groups(None, demoted)
+            inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
+            inc.timeline = self._timeline(None, demoted)
+            return inc
+        inc.cause = cause
+        # ---- root subject
+        if root is not None:
+            sig = self.table.by_id[root.signature or ""]
+            inc.root_label = sig.label
+            inc.meaning, inc.advice = sig.meaning, sig.advice
+            proc, rank, pid = self._subject(root, notes)
+            inc.root = self._contract_event(root, proc, rank, pid)
+            lib = root.extra.get("library")
+            if isinstance(lib, str) and cause in ("umd-segfault", "collective-failure", "process-crash"):
+                inc.library = lib
+        elif cause == "startup-hang":
+            sig = self.table.by_id["startup-stall"]
+            inc.meaning, inc.advice, inc.root_label = sig.meaning, sig.advice, sig.label
+        else:
+            sig = self.table.by_id["shm-broadcast-wait"]
+            inc.meaning = "The engine stopped making progress with requests in flight; no process died first."
+            inc.advice = "Take stacks of every worker (py-spy dump) before restarting; check the kernel log for GPU job timeouts."
+            inc.root_label = "no progress with requests in flight"
+        if root is not None and _boot(root) is not None and self._last_t:
+            notes.append(
+                "kernel times are seconds since boot and the input gives no boot time: the kernel "
+                "records could not be placed on the vLLM log's clock (order by meaning only)"
+            )
+        tl_root = root
+        if cause == "startup-hang":
+            inc.startup = startup_info
+            miss = startup_info.get("missing_ranks") or []
+            if root is None or root.signature != "startup-stall":
+                inc.root_label = "start-up stalled"
+                if miss:
+                    inc.meaning = (
+                        f"Start-up stopped: rank(s) {', '.join(map(str, miss))} never reached "
+                        f"{startup_info.get('missing_phase')} while the others did; nothing failed first."
+                    )
+                    inc.advice = (
+                        "Take stacks (py-spy dump) of the ranks that did not reach the phase; for ccl-init "
+                        "check oneCCL's transport (CCL_ATL_TRANSPORT, CCL_ZE_IPC_EXCHANGE) and the devices "
+                        "that rank sees (ZE_AFFINITY_MASK)."
+                    )
+                else:
+                    inc.meaning = (
+                        f"Start-up stopped after {startup_info.get('last_milestone')} without an error "
+                        f"and without reaching ready."
+                    )
+            if inc.root is None or (root is not None and root.cause != "startup-hang"):
+                inc.root, sr_ev = self._startup_root(startup_info, root)
+                if sr_ev is not None:
+                    tl_root = sr_ev
+                if root is not None:
+                    notes.append(
+                        f"{self.table.by_id[root.signature or ''].label} happened before the server was ready"
+                    )
+        if cause == "engine-hang" or (root is not None and root.cause in ("engine-hang", "startup-hang")):
+            inc.hang = self._hang(root, hang_precursors, notes)
+            if inc.root is None and cause == "engine-hang":
+                det = hang_precursors[-1] if hang_precursors else self.stall_stats
+                if det is not None:
+                    p, r, pd = self._subject(det, notes)
+                    inc.root = self._contract_event(det, p, r, pd)
+        inc.consequence_groups = self._consequence_groups(root, demoted)
+        inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
+        inc.timeline = self._timeline(tl_root, demoted)
+        inc.summary = self._summary(inc)
+        return inc
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _abnormal_death(ev: Event) -> bool:
+        """A death that explains what follows it: vLLM's reports and crash dumps, or a supervisor
+        fact of a death by a crash signal or a non-zero exit (not SIGTERM/exit 0 of shutdown)."""
+        if ev.source != "process":
+            return True
+        sig_name = str(ev.extra.get("signame") or ev.extra.get("signal") or "")
+        if sig_name:
+            return sig_name not in ("SIGTERM", "SIGINT", "SIGHUP")
+        code = ev.extra.get("exit_code")
+        return code not in (None, 0, "0")
+
+    def _same_second(self, a: Event, b: Event) -> bool:
+        ka, kb = _tkey(a), _tkey(b)
+        return ka is not None and kb is not None and ka[:5] == kb[:5]
+
+    def _before(self, a: Event, b: Event) -> bool:
+        ka, kb = _tkey(a), _tkey(b)
+        if ka is not None and kb is not None:
+            return ka < kb
+        return False
+
+    def _same_proc(self, death: Event, ev: Event) -> bool:
+        w = death.extra.get("worker")
+        if isinstance(w, str):
+            m = _WORKER_RE.search(w)
+            if m and ev.rank is not None and int(m.group(1)) == ev.rank:
+                return True
+        return death.pid is not None and death.pid == ev.pid
+
+    def _proc_pref(self, ev: Event) -> int:
+        name = ev.process or (self.pid_name.get(ev.pid) if ev.pid else None) or ""
+        if "Worker" in name:
+            return 0
+        if name.startswith("EngineCore"):
+            return 1
+        if name.startswith("APIServer"):
+            return 3
+        return 2
+
+    def _rank_pid(self, rank: int) -> int | None:
+        for p, r in self.pid_rank.items():
+            if r == rank:
+                return p
+        return None
+
+    def _died_reports(self) -> list[Event]:
+        out = []
+        for sid in (
+            "worker-died-unexpectedly",
+            "worker-died-v0",
+            "process-killed-by-signal",
+            "process-exited",
+        ):
+            out.extend(self.roots.get(sid, []))
+        out.sort(key=cmp_to_key(_cmp_time))
+        return out
+
+    def _died_rank(self) -> tuple[int | None, Event | None]:
+        for d in self._died_reports():
+            w = d.extra.get("worker") or d.extra.get("proc") or ""
+            m = _WORKER_RE.search(str(w))
+            if m:
+                return int(m.group(1)), d
+            if d.pid is not None and d.pid in self.pid_rank and d.signature != "worker-died-unexpectedly":
+                return self.pid_rank[d.pid], d
+        return None, None
+
+    def _subject(
+        self, ev: Event, notes: list[str], link: bool = True
+    ) -> tuple[str | None, int | None, int | None]:
+        """(process, rank, pid) the event is about, linking pids and names; `link` allows linking
+        by name and order (only for the root: a surviving rank's teardown dump is not the dead one)."""
+        r: int | None
+        sid = ev.signature
+        # vLLM's report of another process's death names that process
+        w = ev.extra.get("worker")
+        if isinstance(w, str) and sid in ("worker-died-unexpectedly", "worker-died-v0"):
+            m = _WORKER_RE.search(w)
+            if m:
+                r = int(m.group(1))
+                pid = self._rank_pid(r)
+                return f"Worker_TP{r}", r, pid
+            pid = int(ev.extra["pid"]) if ev.extra.get("pid") else None  # type: ignore[call-overload]
+            r2 = self.pid_rank.get(pid) if pid is not None else None
+            return normalize_process("Worker", r2), r2, pid
+        if sid in ("engine-core-died-unexpectedly", "engine-core-proc-failed"):
+            pid = next((p for p, n in self.pid_name.items() if n.startswith("EngineCore")), None)
+            return "EngineCore", None, pid
+        if ev.source == "process" and ev.process:
+            return normalize_process(ev.process, ev.rank), ev.rank, ev.pid
+        pid = ev.pid
+        if ev.source == "kernel" or sid in ("coredump-dumped", "coredump-frame-umd"):
+            if pid is None and ev.extra.get("pid"):
+                pid = int(str(ev.extra["pid"]))
+            comm = ev.process or str(ev.extra.get("comm") or "")
+            if pid is not None and (pid in self.pid_rank or pid in self.pid_name):
+                rk = self.pid_rank.get(pid)
+                kname = normalize_process(self.pid_name.get(pid, comm), rk)
+                notes.append(f"kernel pid {pid} ({comm}) matches the logged pid of {kname}")
+                return kname, rk, pid
+            if link and not comm.startswith(("VLLM::EngineCor", "vllm")):
+                # any comm: worker threads carry other names ("pt_main_thread", "python3")
+                r, d = self._died_rank()
+                if r is not None:
+                    notes.append(
+                        f"kernel pid {pid} ({comm or 'unknown comm'}) matches no pid in the vLLM log (another pid "
+                        f"namespace, e.g. a container); linked to Worker_TP{r} by name and order: it is the worker "
+                        f"vLLM reported dead"
+                    )
+                    return f"Worker_TP{r}", r, pid
+                if pid is not None:
+                    notes.append(f"kernel pid {pid} ({comm}) could not be linked to a vLLM process")
+                return normalize_process(comm, None) if comm.startswith("VLLM::") else comm or None, None, pid
+            if comm.startswith("VLLM::EngineCor"):
+                return "EngineCore", None, pid
+            return comm or None, None, pid
+        rank = ev.rank if ev.rank is not None else (self.pid_rank.get(pid) if pid is not None else None)
+        name = ev.process or (self.pid_name.get(pid) if pid is not None else None)
+        if ev.source == "ccl" and name is None and pid is not None and rank is not None:
+            name = f"Worker_TP{rank}"
+        # EngineCore re-raising a worker's error names the worker
+        if link and _REFAISE_RE.search(ev.text) and (name or "").startswith("EngineCore"):
+            r, d = self._died_rank()
+            if r is not None:
+                notes.append(
+                    f"EngineCore re-raised a worker's error; linked to Worker_TP{r}, the worker vLLM reported dead"
+                )
+                return f"Worker_TP{r}", r, self._rank_pid(r)
+            notes.append("EngineCore re-raised a worker's error; the worker's rank is not in the input")
+            return "Worker", None, None
+        # unprefixed crash dumps: link to the reported dead worker by order
+        if (
+            link
+            and name is None
+            and sid
+            in (
+                "fatal-python-error",
+                "native-crash-dump",
+                "cxx-terminate",
+                "coredump-frame-umd",
+                "python-exception",
+            )
+        ):
+            r, d = self._died_rank()
+            if r is not None:
+                notes.append(
+                    f"the crash dump carries no process prefix; linked to Worker_TP{r} by order: "
+                    f"vLLM reported that worker dead right after"
+                )
+                return f"Worker_TP{r}", r, self._rank_pid(r)
+            notes.append("the crash dump carries no process prefix; the process could not be named")
+            return None, None, pid
+        return normalize_process(name, rank), rank, pid
+
+    def _contract_event(
+        self, ev: Event, proc: str | None, rank: int | None, pid: int | None
+    ) -> dict[str, Any]:
+        return {
+            "source": ev.source
+            if ev.source in ("vllm", "ccl", "kernel", "process", "health")
+            else ("health" if ev.source == "supervisor" else "vllm"),
+            "process": proc,
+            "rank": rank,
+            "pid": pid,
+            "time": ev.time_text,
+            "file": ev.file,
+            "line": ev.line,
+            "text": ev.text.strip()[:2000],
+        }
+
+    def _startup_info(self) -> dict[str, Any]:
+        if not self.milestones:
+            return {}
+        order = {p: i for i, p in enumerate(PHASES)}
+        reached = sorted(self.milestones, key=lambda p: order.get(p, -1))
+        last = reached[-1]
+        expected: set[int] = set(range(self.world_size)) if self.world_size else set()
+        for ms in self.milestones.values():
+            expected |= ms["ranks"]
+        missing: list[int] = []
+        phase_for_missing = None
+        for p in reversed(reached):
+            ms = self.milestones[p]
+            if ms["per_rank"] and expected:
+                miss = sorted(expected - ms["ranks"])
+                if miss:
+                    missing, phase_for_missing = miss, p
+                break
+        return {
+            "last_milestone": last,
+            "last_milestone_event": self.milestones[last]["last"],
+            "missing_ranks": missing,
+            "missing_phase": phase_for_missing,
+            "world_size": self.world_size,
+        }
+
+    def _startup_root(
+        self, info: dict[str, Any], root: Event | None
+    ) -> tuple[dict[str, Any] | None, Event | None]:
+        """The start-up stall's subject: the first rank that did not reach the last per-rank
+        milestone (its last line), else the stall's own root, else the last milestone."""
+        missing = info.get("missing_ranks") or []
+        if missing:
+            r = missing[0]
+            pid = self._rank_pid(r)
+            raw = self.pid_last_raw.get(pid) if pid is not None else None
+            if raw is not None:
+                last = parse_line(raw[0], raw[1], raw[2])
+                last.extra["_order"] = 0
+                if last.time is not None:
+                    t = last.time
+                    last.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+                return self._contract_event(last, f"Worker_TP{r}", r, pid), last
+            ev = info.get("last_milestone_event")
+            return (self._contract_event(ev, f"Worker_TP{r}", r, pid) if ev else None), None
+        if root is not None:
+            p, r2, pd = self._subject(root, [], link=False)
+            return self._contract_event(root, p, r2, pd), root
+        ev = info.get("last_milestone_event")
+        if ev is None:
+            return None, None
+        p, r3, pd = self._subject(ev, [], link=False)
+        return self._contract_event(ev, p, r3, pd), ev
+
+    def _hang(self, root: Event | None, precursors: list[Event], notes: list[str]) -> dict[str, Any]:
+        last = self.last_progress
+        lp = None
+        if self.facts_hang is not None and self.facts_hang.extra.get("last_progress"):
+            lp = str(self.facts_hang.extra["last_progress"])
+        if lp is None and last is not None:
+            lp = last.time_text
+        det = root if root is not None and root.cause in ("engine-hang", "startup-hang") else None
+        if det is None and precursors:
+            det = precursors[-1]
+        detected_by = None
+        if det is not None:
+            sig = self.table.by_id[det.signature or ""]
+            detected_by = (
+                (det.extra.get("detected_by") if det.source == "health" else None)
+                or sig.detected_by
+                or sig.label
+            )
+        out: dict[str, Any] = {
+            "last_progress": lp,
+            "detected_at": det.time_text if det is not None else None,
+            "detected_by": detected_by,
+        }
+        if last is not None and det is not None and last.time and det.time and det.source == last.source:
+            delay = (det.time - last.time).total_seconds()
+            if delay >= 0:
+                out["delay_s"] = delay
+        elif lp is None:
+            notes.append(
+                "no progress line (stats with non-zero throughput) in the input: last progress unknown"
+            )
+        if self.stall_stats is not None:
+            out["no_progress_since"] = self.stall_stats.time_text
+        first_wait = self.precursors.get("shm-broadcast-wait")
+        if first_wait:
+            out["first_wait_warning"] = first_wait[0].time_text
+        return out
+
+    def _consequence_groups(self, root: Event | None, demoted: list[Event]) -> list[dict[str, Any]]:
+        groups: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
+        for (sid, proc, rank), g in self.groups.items():
+            groups[(sid, proc, rank)] = {
+                "sig": g.sig,
+                "process": proc,
+                "rank": rank,
+                "pid": g.pid,
+                "first": g.first,
+                "count": g.count,
+            }
+        # root candidates that lost are consequences of the root
+        seen_ids = set()
+        for sid, evs in self.roots.items():
+            for ev in evs:
+                if ev is root or ev.role != "root":
+                    continue
+                seen_ids.add(id(ev))
+                self._add_to(groups, ev, sid)
+            extra = self.root_counts.get(sid, 0) - len(evs)
+            if extra > 0 and evs:
+                k = next((k for k in groups if k[0] == sid), None)
+                if k is not None:
+                    groups[k]["count"] += extra
+        for ev in demoted:
+            if id(ev) not in seen_ids and ev is not root:
+                self._add_to(groups, ev, ev.signature or "")
+        out = list(groups.values())
+        out.sort(key=cmp_to_key(lambda a, b: _cmp_time(a["first"], b["first"])))
+        return out
+
+    def _add_to(
+        self, groups: dict[tuple[str, str | None, int | None], dict[str, Any]], ev: Event, sid: str
+    ) -> None:
+        notes: list[str] = []
+        proc, rank, pid = self._subject(ev, notes, link=False)
+        key = (sid, proc, rank)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {
+                "sig": self.table.by_id[sid],
+                "process": proc,
+                "rank": rank,
+                "pid": pid,
+                "first": ev,
+                "count": 1,
+            }
+        else:
+            g["count"] += 1
+
+    def _cons_contract(self, g: dict[str, Any]) -> dict[str, Any]:
+        ev: Event = g["first"]
+        return {
+            "signature": g["sig"].id,
+            "process": g["process"],
+            "rank": g["rank"],
+            "pid": g["pid"],
+            "count": g["count"],
+            "file": ev.file,
+            "line": ev.line,
+            "text": ev.text.strip()[:500],
+        }
+
+    def _timeline(self, root: Event | None, demoted: list[Event]) -> list[dict[str, Any]]:
+        items: list[Event] = []
+        seen: set[int] = set()
+
+        def add(ev: Event | None) -> None:
+            if ev is not None and id(ev) not in seen:
+                seen.add(id(ev))
+                items.append(ev)
+
+        add(root)
+        for sid, evs in self.precursors.items():
+            if sid == "bare-timeout-error":
+                continue
+            add(evs[0])
+            if len(evs) > 1:
+                add(evs[-1])
+        add(self.last_progress)
+        add(self.stall_stats)
+        first_by_sig: dict[str, Event] = {}
+        for g in self.groups.values():
+            cur = first_by_sig.get(g.sig.id)
+            if cur is None or _cmp_time(g.first, cur) < 0:
+                first_by_sig[g.sig.id] = g.first
+        for ev in first_by_sig.values():
+            add(ev)
+        for evs in self.roots.values():
+            for ev in evs[:2]:
+                add(ev)
+        if not self.ready and self.milestones:
+            order = {p: i for i, p in enumerate(PHASES)}
+            for ph in sorted(self.milestones, key=lambda p: order.get(p, -1))[-4:]:
+                add(self.milestones[ph]["first"])
+                add(self.milestones[ph]["last"])
+        # causal order: warning signs and progress before the root, then the root, then what
+        # followed (each part in time order where clocks compare, else input order)
+        items.sort(key=cmp_to_key(_cmp_time))
+        before = [e for e in items if e is not root and e.role in ("precursor", "progress")]
+        after = [e for e in items if e is not root and e.role not in ("precursor", "progress")]
+        room = TIMELINE_MAX - (1 if root is not None else 0)
+        if len(before) + len(after) > room:
+            before = before[-max(room // 3, room - len(after)) :] if before else before
+            after = after[: room - len(before)]
+        items = before + ([root] if root is not None else []) + after
+        out = []
+        for ev in items:
+            notes: list[str] = []
+            proc, rank, pid = self._subject(ev, notes, link=ev is root)
+            d = self._contract_event(ev, proc, rank, pid)
+            out.append(
+                {
+                    "time": d["time"],
+                    "source": d["source"],
+                    "process": proc,
+                    "rank": rank,
+                    "pid": pid,
+                    "role": "root" if ev is root else (ev.role if ev.role != "root" else "consequence"),
+                    "signature": ev.signature,
+                    "file": ev.file,
+                    "line": ev.line,
+                    "text": d["text"][:300],
+                }
+            )
+        return out
+
+    def _summary(self, inc: Incident) -> str:
+        r = inc.root or {}
+        who = r.get("process") or "a process"
+        if r.get("rank") is not None and not str(who).endswith(str(r.get("rank"))):
+            who = f"{who} (rank {r['rank']})"
+        where = f" at {r['time']}" if r.get("time") else ""
+        n = sum(c["count"] for c in inc.consequences)
+        follow = f"; {n} consequence line(s) followed" if n else ""
+        c = inc.cause
+        if c == "umd-segfault":
+            return f"{who} crashed inside the GPU driver library {inc.library or '?'}{where}{follow}."
+        if c == "gpu-fault":
+            return f"The GPU driver reported a device fault ({inc.root_label}){where}{follow}."
+        if c == "engine-hang":
+            h = inc.hang or {}
+            return (
+                f"The engine stopped making progress after {h.get('last_progress') or 'an unknown time'}; "
+                f"detected at {h.get('detected_at') or '?'} by {h.get('detected_by') or '?'}{follow}."
+            )
+        if c == "startup-hang":
+            s = inc.startup or {}
+            miss = s.get("missing_ranks") or []
+            ranks = (
+                f"; rank(s) {', '.join(map(str, miss))} did not reach {s.get('missing_phase')}"
+                if miss
+                else ""
+            )
+            return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}."
+        label = inc.root_label or c
+        return f"{who} failed first: {label}{where}{follow}."
+
+
+# ------------------------------------------------------------------------------ files
+def iter_file_lines(path: str | Path, block: int = 1 << 20) -> Iterable[str]:
+    """Yield the lines of a file as text, streamed in blocks: UTF-8 with invalid bytes replaced,
+    NULs kept, lines longer than MAX_LINE bytes cut. Raises OSError when it cannot be opened."""
+    with open(path, "rb") as f:
+        carry = b""
+        while True:
+            chunk = f.read(block)
+            if not chunk:
+                break
+            data = carry + chunk if carry else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data if len(data) <= MAX_LINE else data[:MAX_LINE]
+                continue
+            carry = data[cut + 1 :]
+            if len(carry) > MAX_LINE:
+                carry = carry[:MAX_LINE]
+            text = data[:cut].decode("utf-8", "replace")
+            yield from text.split("\n")
+        if carry:
+            yield carry.decode("utf-8", "replace")
+
+
+def iter_file_blocks(path: str | Path, block: int = 1 << 20) -> Iterable[str]:
+    """Yield blocks of complete lines ("\n"-joined, no trailing newline) of a file, streamed:
+    UTF-8 with invalid bytes replaced, lines longer than MAX_LINE bytes cut. Raises OSError."""
+    with open(path, "rb") as f:
+        carry = b""
+        while True:
+            chunk = f.read(block)
+            if not chunk:
+                break
+            data = carry + chunk if carry else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data if len(data) <= MAX_LINE else data[:MAX_LINE]
+                continue
+            carry = data[cut + 1 :]
+            if len(carry) > MAX_LINE:
+                carry = carry[:MAX_LINE]
+            yield data[:cut].decode("utf-8", "replace")
+        if carry:
+            yield carry.decode("utf-8", "replace")
+
+
+def diagnose_files(paths: Iterable[str | Path], analyzer: Analyzer | None = None) -> Incident:
+    """Feed every file (vLLM, kernel, or both mixed) into one Analyzer and return the Incident.
+
+    Raises OSError (with the path) for an unreadable file; any content is accepted.
+    """
+    an = analyzer or Analyzer()
+    for p in paths:
+        name = str(p)
+        if name not in an._files:
+            an._files.append(name)
+        an._last_line.pop(name, None)
+        lineno = 1
+        for text in iter_file_blocks(p):
+            lineno += an.feed_block(text, name, lineno)
+    return an.incident()
+
+
+_ = datetime  # re-exported type in annotations of facts

@@ -1,0 +1,450 @@
+"""`xpu-serve diagnose` as a real subprocess on any input, the human report, the live Analyzer
+API (facts and kernel records through the same pipeline), and the causal rules on scenarios
+built from real report lines (vLLM, oneCCL, kernel, PyTorch, NVIDIA issue reports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from xpu_serve import facts
+from xpu_serve.diagnosis import Analyzer, diagnose_files
+from xpu_serve.events import parse_kernel_record
+from xpu_serve.report import format_ranks, render_text
+
+CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+
+
+def diagnose(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", *args],
+        input=stdin.decode("latin-1") if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def verdict(tmp_path: Path, text: str, name: str = "input.log") -> dict:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    out = diagnose("--json", str(p))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+# ------------------------------------------------------------------------------------- any input
+def test_empty_file_is_unknown_exit_0(tmp_path: Path) -> None:
+    p = tmp_path / "empty.log"
+    p.write_bytes(b"")
+    out = diagnose("--json", str(p))
+    assert out.returncode == 0 and out.stderr == ""
+    v = json.loads(out.stdout)
+    assert v["cause"] == "unknown" and v["root"] is None and v["consequences"] == []
+
+
+def test_binary_non_utf8_and_truncated_inputs(tmp_path: Path) -> None:
+    b = tmp_path / "bin.dat"
+    b.write_bytes(os.urandom(200_000) + b"\x00\xff\xfe" * 1000)
+    t = tmp_path / "trunc.log"
+    t.write_bytes(b"(EngineCore pid=9) ERROR 03-26 04:15:27 [m.py:273] Worker proc VllmWorker-1 died unexpec")
+    n = tmp_path / "latin1.log"
+    n.write_bytes("(Worker_TP0 pid=5) INFO 03-26 04:15:27 [x.py:1] caf\xe9 \xff\xfe\n".encode("latin-1"))
+    for p in (b, t, n):
+        out = diagnose("--json", str(p))
+        assert out.returncode == 0, out.stderr
+        assert "Traceback" not in out.stderr
+        assert json.loads(out.stdout)["cause"] == "unknown"
+    out = diagnose(str(b))  # human output too
+    assert out.returncode == 0 and out.stdout.startswith("VERDICT: unknown")
+
+
+def test_unreadable_paths_exit_2_with_one_line(tmp_path: Path) -> None:
+    out = diagnose("--json", str(tmp_path / "missing.log"))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "missing.log" in out.stderr
+    out = diagnose(str(tmp_path))
+    assert out.returncode == 2 and "is a directory" in out.stderr and out.stderr.count("\n") == 1
+    if os.geteuid() != 0:
+        p = tmp_path / "noperm.log"
+        p.write_text("x")
+        p.chmod(0)
+        out = diagnose(str(p))
+        assert out.returncode == 2 and out.stderr.count("\n") == 1
+    out = diagnose()
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def test_dmesg_option_and_stdin(tmp_path: Path) -> None:
+    case = CASES / "qwen3-30b-libze-segfault"
+    out = diagnose("--json", str(case / "vllm.log"), "--dmesg", str(case / "dmesg.txt"))
+    v = json.loads(out.stdout)
+    assert v["cause"] == "umd-segfault" and v["library"] == "libze_intel_gpu.so.1.14.37020"
+    data = (case / "dmesg.txt").read_bytes() + (case / "vllm.log").read_bytes()
+    out = diagnose("--json", "-", stdin=data)
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert v["cause"] == "umd-segfault" and v["root"]["rank"] == 0 and v["root"]["file"] == "<stdin>"
+
+
+# ------------------------------------------------------------------------------------- report
+def test_human_report_one_screen() -> None:
+    case = CASES / "qwen3-30b-worker0-died"
+    out = diagnose(str(case / "vllm.log"))
+    assert out.returncode == 0
+    text = out.stdout
+    lines = text.splitlines()
+    assert lines[0].startswith("VERDICT: process-crash")
+    assert f"{case / 'vllm.log'}:107" in text  # root evidence as file:line
+    assert "oneCCL KVS broken pipe x3 on ranks 1-3" in text
+    assert "TIMELINE:" in text and "NEXT:" in text
+    assert len(lines) <= 50
+    assert "\x1b[" not in text  # plain when piped
+
+
+def test_report_for_hang_and_stall() -> None:
+    inc = diagnose_files([CASES / "glm47-flash-engine-hang" / "vllm.log"])
+    text = render_text(inc)
+    assert "HANG: last progress 04-14 23:00:33; detected 04-14 23:32:27" in text
+    assert "31m54s" in text
+    inc = diagnose_files([CASES / "qwen3-30b-startup-stall" / "vllm.log"])
+    assert inc.startup is not None and inc.startup["missing_ranks"] == [1]
+    assert "ranks that did not reach ccl-init: 1" in render_text(inc)
+    assert inc.root is not None and inc.root["rank"] == 1 and inc.root["pid"] == 24905
+
+
+def test_format_ranks() -> None:
+    assert format_ranks([3, 1, 2, 5, 7, 8]) == "1-3, 5, 7-8"
+    assert format_ranks([0]) == "0"
+
+
+# ------------------------------------------------------------------------------------- live API
+def test_live_analyzer_with_facts_and_kernel_records() -> None:
+    an = Analyzer()
+    an.feed_line(
+        "(Worker_TP0 pid=4242) INFO 11-30 08:30:44 [cpu_model_runner.py:68] Starting to load model x"
+    )
+    an.feed_line(
+        "(Worker_TP1 pid=4243) INFO 11-30 08:30:44 [cpu_model_runner.py:68] Starting to load model x"
+    )
+    an.feed_line("(APIServer pid=4200) INFO:     Application startup complete.")
+    an.add_event(facts.process_exit("Worker_TP0", 4242, 0, None, "SIGSEGV"))
+    inc = an.incident()
+    assert inc.cause == "process-crash" and inc.root is not None
+    assert (inc.root["process"], inc.root["rank"], inc.root["pid"], inc.root["source"]) == (
+        "Worker_TP0",
+        0,
+        4242,
+        "process",
+    )
+    rec = parse_kernel_record(
+        "6,99,551424205,-;VLLM::Worker_TP[4242]: segfault at 0 ip 00007f ip 1 sp 2 error 4 in "
+        "libze_intel_gpu.so.1.3.29735[7f0000+9d4000]"
+    )
+    assert rec is not None
+    rec2 = parse_kernel_record(
+        "6,99,551424205,-;VLLM::Worker_TP[4242]: segfault at 58619acc8 ip 0000762f1beff168 sp 00007ffd3b90f940 "
+        "error 4 in libze_intel_gpu.so.1.3.29735[6ff168,762f1b800000+9d4000]"
+    )
+    assert rec2 is not None
+    an.add_event(rec2)
+    inc = an.incident()
+    assert inc.cause == "umd-segfault" and inc.library == "libze_intel_gpu.so.1.3.29735"
+    assert inc.root is not None and inc.root["rank"] == 0 and inc.root["pid"] == 4242
+    assert any("matches the logged pid" in n for n in inc.notes)
+    contract = inc.to_contract()
+    json.dumps(contract)
+    assert {c["signature"] for c in contract["consequences"]} >= {"process-killed-by-signal"}
+
+
+def test_live_hang_and_startup_stall_facts() -> None:
+    an = Analyzer()
+    an.feed_line(
+        "(APIServer pid=1) INFO 11-30 08:31:00 [loggers.py:257] Engine 000: Avg prompt throughput: 0.0 "
+        "tokens/s, Avg generation throughput: 12.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs"
+    )
+    an.add_event(facts.hang(92, 1, 0, None, at=1_800_000_000.0))
+    inc = an.incident()
+    assert inc.cause == "engine-hang"
+    assert inc.hang is not None and inc.hang["last_progress"] == "11-30 08:31:00"
+    assert inc.hang["detected_by"] == "xpu-serve hang watchdog"
+    an2 = Analyzer()
+    an2.feed_line(
+        "(Worker pid=11) INFO 03-26 07:01:59 [parallel_state.py:1395] world_size=2 rank=0 local_rank=0 "
+        "distributed_init_method=tcp://127.0.0.1:1 backend=xccl"
+    )
+    an2.add_event(facts.startup_stall(600, "dist-init", [1]))
+    inc2 = an2.incident()
+    assert inc2.cause == "startup-hang"
+    assert inc2.startup is not None and inc2.startup["missing_ranks"] == [1]
+
+
+def test_memory_stays_bounded() -> None:
+    an = Analyzer()
+    lines = [
+        "2026:03:26-04:15:27: 7987:[1] |CCL_ERROR| internal_kvs_server.hpp:70 put: read/write error: Broken pipe",
+        "(EngineCore pid=9) ERROR 03-26 04:15:27 [m.py:273] Worker proc VllmWorker-0 died unexpectedly",
+        "(APIServer pid=2) INFO 04-14 22:34:43 [loggers.py:257] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+        "Avg generation throughput: 47.0 tokens/s, Running: 2 reqs, Waiting: 0 reqs",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "ValueError: bad",
+        "[ 1.0] xe 0000:0e:00.0: [drm] Tile0: GT0: Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=54",
+    ]
+    for i in range(60_000):
+        an.feed_line(lines[i % len(lines)].replace("pid=9", f"pid={9 + i % 50}"), "big.log", i + 1)
+    assert max(len(v) for v in an.roots.values()) <= 16
+    assert len(an.groups) < 200
+    inc = an.incident()
+    assert inc.cause == "process-crash"
+    assert (
+        sum(c["count"] for c in inc.consequences if c["signature"] == "ccl-kvs-broken-pipe")
+        == 60_000 // 7 + 1
+    )
+
+
+# ------------------------------------------------------------------------------------- causal rules
+def test_oom_killer_outranks_the_death_report(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(Worker_TP0 pid=7986) INFO 03-26 04:12:20 [gpu_model_runner.py:4481] Starting to load model /m...",
+                "(Worker_TP1 pid=7987) INFO 03-26 04:12:20 [xpu.py:79] Using Flash Attention backend.",
+                "(EngineCore pid=7732) ERROR 03-26 04:15:27 [multiproc_executor.py:273] Worker proc VllmWorker-0 died "
+                "unexpectedly (exit code: -9), shutting down executor.",
+                "[12034.550001] VLLM::Worker_TP invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0",
+                "[12034.551120] Out of memory: Killed process 7986 (VLLM::Worker_TP) total-vm:98123456kB, anon-rss:40123456kB",
+                "2026:03:26-04:15:27: 7987:[1] |CCL_ERROR| internal_kvs_server.hpp:70 put: read/write error: Broken pipe",
+            ]
+        ),
+    )
+    assert v["cause"] == "host-oom"
+    assert (v["root"]["process"], v["root"]["rank"], v["root"]["pid"], v["root"]["source"]) == (
+        "Worker_TP0",
+        0,
+        7986,
+        "kernel",
+    )
+    assert 1 in {c["rank"] for c in v["consequences"]}
+
+
+def test_nvidia_xid_outranks_cuda_errors(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(VllmWorker rank=0 pid=3011) ERROR 10-02 11:00:01 [multiproc_executor.py:527] Traceback (most recent call last):",
+                '(VllmWorker rank=0 pid=3011) ERROR 10-02 11:00:01 [multiproc_executor.py:527]   File "/v/worker.py", line 1, in x',
+                "(VllmWorker rank=0 pid=3011) ERROR 10-02 11:00:01 [multiproc_executor.py:527] RuntimeError: CUDA error: an "
+                "illegal memory access was encountered",
+                "[ 9812.123456] NVRM: Xid (PCI:0000:3b:00): 79, pid=3011, name=python3, GPU has fallen off the bus.",
+            ]
+        ),
+    )
+    assert v["cause"] == "gpu-fault" and v["root"]["source"] == "kernel" and v["root"]["pid"] == 3011
+
+
+def test_watchdog_abort_is_a_consequence_of_the_collective_timeout(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "INFO 07-01 13:44:40 metrics.py:341] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 30.1 "
+                "tokens/s, Running: 3 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 2.0%, CPU KV cache usage: 0.0%.",
+                "ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 died, exit code: -6",
+                "INFO 07-01 13:54:43 multiproc_worker_utils.py:123] Killing local vLLM worker processes",
+                "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, "
+                "OpType=ALLREDUCE, NumelIn=134217728, NumelOut=134217728, Timeout(ms)=600000) ran for 600059 milliseconds before "
+                "timing out.",
+                "[rank0]:[E ProcessGroupNCCL.cpp:583] [Rank 0] To avoid data inconsistency, we are taking the entire process down.",
+            ]
+        ),
+    )
+    assert v["cause"] == "engine-hang"
+    assert v["hang"]["last_progress"] == "07-01 13:44:40"
+    assert v["hang"]["detected_by"].startswith("PyTorch ProcessGroup watchdog")
+
+
+def test_coredump_stack_names_library_and_pid(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(Worker_TP2 pid=8337) INFO 03-26 10:12:40 [xpu.py:79] Using Flash Attention backend.",
+                "(EngineCore pid=9514) ERROR 03-26 10:12:46 [multiproc_executor.py:273] Worker proc VllmWorker-2 died "
+                "unexpectedly, shutting down executor.",
+                "Mar 26 10:12:47 b60host systemd-coredump[9911]: Process 8337 (VLLM::Worker_TP) of user 0 dumped core.",
+                "                ",
+                "                Stack trace of thread 8337:",
+                "                #0  0x0000762f1beff168 n/a (/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1.3.29735 + 0x6ff168)",
+                "                #1  0x0000762f1bf01234 n/a (/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1.3.29735 + 0x701234)",
+            ]
+        ),
+    )
+    assert v["cause"] == "umd-segfault" and v["library"] == "libze_intel_gpu.so.1.3.29735"
+    assert (v["root"]["rank"], v["root"]["pid"]) == (2, 8337)
+
+
+def test_own_exception_outranks_died_report_and_reraise_names_worker(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671] WorkerProc hit an exception.",
+                "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671] Traceback (most recent call last):",
+                '(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671]   File "/v/m.py", line 9, in f',
+                "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671]     assert x.shape == y.shape",
+                "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671] AssertionError: shape mismatch 4096 != 2048",
+                "(EngineCore_DP0 pid=400) ERROR 05-01 10:00:02 [multiproc_executor.py:273] Worker proc VllmWorker-1 died "
+                "unexpectedly, shutting down executor.",
+                "(EngineCore_DP0 pid=400) ERROR 05-01 10:00:03 [core.py:710] EngineCore encountered a fatal error.",
+                "(APIServer pid=300) ERROR 05-01 10:00:03 [async_llm.py:546] vllm.v1.engine.exceptions.EngineDeadError: "
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            ]
+        ),
+    )
+    assert v["cause"] == "process-exception"
+    assert (v["root"]["process"], v["root"]["rank"], v["root"]["pid"]) == ("Worker_TP1", 1, 501)
+    assert "AssertionError" in v["root"]["text"]
+
+
+def test_config_error_address_in_use_with_docker_wrappers(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "2026-05-02T09:00:00.000000001Z (APIServer pid=1) INFO 05-02 09:00:00 [api_server.py:1] vLLM API server "
+                "version 0.14.0",
+                "2026-05-02T09:00:05.000000001Z (APIServer pid=1) ERROR:    [Errno 98] error while attempting to bind on "
+                "address ('0.0.0.0', 8000): address already in use",
+            ]
+        ),
+    )
+    assert v["cause"] == "config-error" and v["root"]["process"] == "APIServer"
+
+
+def test_device_lost_with_kernel_fault_is_gpu_fault(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(EngineCore_DP0 pid=2390) ERROR 11-06 19:52:03 [core.py:718] RuntimeError: Native API failed. Native API "
+                "returns: 20 (UR_RESULT_ERROR_DEVICE_LOST)",
+                "[Thu Nov  6 19:52:01 2026] xe 0000:3d:00.0: [drm] Tile0: GT0: Timedout job: seqno=1523, lrc_seqno=1523, "
+                "guc_id=9, flags=0x20 in python [2390]",
+            ]
+        ),
+    )
+    assert v["cause"] == "gpu-fault" and v["root"]["source"] == "kernel"
+    assert any("device lost" in n for n in v["notes"])
+
+
+def test_hang_without_detection_from_stats_and_waits(tmp_path: Path) -> None:
+    stats = (
+        "(APIServer pid=7) INFO 04-14 23:{m}:{s} [loggers.py:257] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+        "Avg generation throughput: {g} tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.8%"
+    )
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                stats.format(m="00", s="23", g="26.6"),
+                stats.format(m="00", s="33", g="19.7"),
+                stats.format(m="00", s="44", g="0.0"),
+                "(EngineCore_DP0 pid=8) INFO 04-14 23:01:33 [shm_broadcast.py:542] No available shared memory broadcast block "
+                "found in 60 seconds. This typically happens when some processes are hanging.",
+            ]
+        ),
+    )
+    assert v["cause"] == "engine-hang"
+    assert v["hang"]["last_progress"] == "04-14 23:00:33"
+
+
+def test_end_during_startup(tmp_path: Path) -> None:
+    start = [
+        "(EngineCore pid=7732) INFO 03-26 04:12:10 [core.py:103] Initializing a V1 LLM engine (v0.1) with config: x",
+        "(Worker_TP0 pid=7986) INFO 03-26 04:12:20 [gpu_model_runner.py:4481] Starting to load model /m...",
+    ]
+    v = verdict(tmp_path, "\n".join(start))
+    assert v["cause"] == "startup-hang" and v["notes"]  # no ready line and no error: a stall, said so
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            start + ["(EngineCore pid=7732) ERROR 03-26 04:15:30 [core.py:1141] EngineCore failed to start."]
+        ),
+        "b.log",
+    )
+    assert v["cause"] == "unknown" and v["notes"]  # it failed, but the reason is not in the input
+    v = verdict(tmp_path, "just some text\nnothing to see\n", "c.log")
+    assert v["cause"] == "unknown" and v["root"] is None
+
+
+def test_big_case_files_are_streamed(tmp_path: Path) -> None:
+    src = CASES / "qwen3-30b-worker0-died" / "vllm.log"
+    big = tmp_path / "big.log"
+    with open(big, "wb") as f:
+        filler = b'(APIServer pid=1) INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n' * 20000
+        f.write(filler)
+        with open(src, "rb") as s:
+            shutil.copyfileobj(s, f)
+        f.write(b"x" * 300_000)  # a huge unterminated last line
+    v = json.loads(diagnose("--json", str(big)).stdout)
+    assert v["cause"] == "process-crash" and v["root"]["line"] == 20000 + 107
+
+
+def test_oneccl_ipc_exception_reraised_by_enginecore(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "(Worker_TP0 pid=700) INFO 08-04 10:00:00 [parallel_state.py:1395] world_size=2 rank=0 local_rank=0 "
+                "distributed_init_method=tcp://127.0.0.1:1 backend=xccl",
+                "(Worker_TP1 pid=701) INFO 08-04 10:00:00 [parallel_state.py:1395] world_size=2 rank=1 local_rank=1 "
+                "distributed_init_method=tcp://127.0.0.1:1 backend=xccl",
+                "(EngineCore_DP0 pid=600) ERROR 08-04 10:01:00 [core.py:936] RuntimeError: Worker failed with error 'oneCCL: "
+                "ze_call.cpp:28 do_call: EXCEPTION: ze error at zeMemOpenIpcHandle, code: ZE_RESULT_ERROR_INVALID_ARGUMENT', "
+                "please check the stack trace above for the root cause",
+                "(EngineCore_DP0 pid=600) ERROR 08-04 10:01:02 [multiproc_executor.py:231] Worker proc VllmWorker-1 died "
+                "unexpectedly, shutting down executor.",
+            ]
+        ),
+    )
+    assert v["cause"] == "collective-failure"
+    assert (v["root"]["process"], v["root"]["rank"], v["root"]["pid"]) == ("Worker_TP1", 1, 701)
+
+
+def test_traceback_without_header_and_is_fatal() -> None:
+    an = Analyzer()
+    for line in [
+        '(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671]   File "/v/m.py", line 9, in f',
+        "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671]     x = y[3]",
+        "(Worker_TP1 pid=501) ERROR 05-01 10:00:00 [multiproc_executor.py:671] KeyError: 3",
+    ]:
+        an.feed_line(line, "w.log")
+    inc = an.incident()
+    assert inc.cause == "process-exception" and inc.root is not None and inc.root["line"] == 3
+    ev = an.feed_line(
+        "(APIServer pid=2) ERROR 05-01 10:00:03 [async_llm.py:546] vllm.v1.engine.exceptions."
+        "EngineDeadError: EngineCore encountered an issue.",
+        "w.log",
+    )
+    assert ev is not None and an.is_fatal(ev)
+    ev2 = an.feed_line(
+        "(APIServer pid=2) INFO 05-01 10:00:03 [api_server.py:1] Starting vLLM API server 0", "w.log"
+    )
+    assert ev2 is not None and not an.is_fatal(ev2)
+
+
+def test_unmatched_shell_glob_is_ignored(tmp_path: Path) -> None:
+    case = CASES / "qwen3-30b-worker0-died"
+    out = diagnose("--json", str(case / "*.log"), str(case / "*.txt"))  # as `DIR/*.log DIR/*.txt` in sh
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert v["cause"] == "process-crash" and any("*.txt" in n for n in v["notes"])
+    out = diagnose(str(tmp_path / "*.nothing"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1

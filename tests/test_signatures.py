@@ -1,0 +1,122 @@
+"""The signature table: every row's example matches its own row and no other (except documented
+overlaps), and it is the row classification picks; the table is well-formed."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpu_serve.events import Event, parse_line
+from xpu_serve.signatures import (
+    CAUSES,
+    ROLES,
+    SignatureError,
+    derive_keyword,
+    load_table,
+    parse_table,
+)
+
+TABLE = load_table()
+FACT_SOURCES = ("process", "health", "supervisor")
+
+
+def example_event(row) -> Event:  # type: ignore[no-untyped-def]
+    if row.sources and row.sources[0] in FACT_SOURCES:
+        return Event(source=row.sources[0], text=row.example, raw=row.example)
+    return parse_line(row.example, "example", 1)
+
+
+@pytest.mark.parametrize("row", TABLE.rows, ids=[r.id for r in TABLE.rows])
+def test_example_matches_its_row_only(row) -> None:  # type: ignore[no-untyped-def]
+    ev = example_event(row)
+    got = TABLE.match(ev, in_traceback=row.in_traceback)
+    assert got is not None, f"{row.id}: example not matched (parsed as {ev.source}: {ev.text!r})"
+    assert got[0].id == row.id
+    others = [r.id for r in TABLE.all_matches(ev, in_traceback=row.in_traceback) if r.id != row.id]
+    assert set(others) <= set(row.overlaps), f"{row.id}: undocumented overlap with {others}"
+
+
+def test_overlaps_name_real_rows_and_keywords_are_in_examples() -> None:
+    for r in TABLE.rows:
+        for o in r.overlaps:
+            assert o in TABLE.by_id, f"{r.id}: overlap {o} is not a row"
+        if r.keywords:
+            text = example_event(r).text
+            assert any(k in text for k in r.keywords), f"{r.id}: no keyword in its example"
+
+
+def test_table_fields() -> None:
+    ids = [r.id for r in TABLE.rows]
+    assert len(ids) == len(set(ids)) >= 80
+    for r in TABLE.rows:
+        assert r.role in ROLES
+        assert r.cause is None or r.cause in CAUSES
+        assert r.meaning
+        if r.role == "root":
+            assert r.cause and r.advice
+    # every cause a verdict can carry (except the fallback) has at least one root row
+    root_causes = {r.cause for r in TABLE.rows if r.role == "root"}
+    assert set(CAUSES) - {"unknown"} <= root_causes
+    # the facts the supervisor builds (xpu_serve.facts) have rows
+    for rid in (
+        "process-killed-by-signal",
+        "process-exited",
+        "hang-watchdog",
+        "health-failed",
+        "startup-stall",
+    ):
+        assert rid in TABLE.by_id
+
+
+def test_facts_module_text_shapes_classify() -> None:
+    from xpu_serve import facts
+
+    cases = [
+        (facts.process_exit("Worker_TP0", 7986, 0, None, "SIGSEGV"), "process-killed-by-signal"),
+        (facts.process_exit("EngineCore", 7732, None, 1, None), "process-exited"),
+        (facts.process_exit("APIServer", 7700, None, None, None), "process-exited"),
+        (facts.hang(92, 1, 0, None), "hang-watchdog"),
+        (facts.health_failed(3, "HTTP 503"), "health-failed"),
+        (facts.startup_stall(600, "ccl-init", [1, 3]), "startup-stall"),
+    ]
+    for ev, rid in cases:
+        got = TABLE.match(ev)
+        assert got is not None and got[0].id == rid, ev.text
+
+
+def test_derive_keyword() -> None:
+    assert derive_keyword(r"Timedout job: seqno=\d+") == "Timedout job: seqno="
+    assert derive_keyword(r"(?:a|b) died unexpectedly") == " died unexpectedly"
+    assert derive_keyword(r"abc|def") is None
+    assert derive_keyword(r"abc\.y?z") == "abc."
+    assert derive_keyword(r"x\.y?z") is None  # runs shorter than 3 characters are no filter
+
+
+@pytest.mark.parametrize(
+    "doc, msg",
+    [
+        ({"nope": 1}, "expected a list"),
+        ([{"id": "a", "pattern": "x", "role": "boss", "meaning": "m", "example": "x"}], "role must be"),
+        ([{"id": "a", "pattern": "x", "role": "root", "meaning": "m", "example": "x"}], "needs a cause"),
+        (
+            [
+                {
+                    "id": "a",
+                    "pattern": "(",
+                    "role": "context",
+                    "meaning": "m",
+                    "example": "x",
+                    "keywords": ["x"],
+                }
+            ],
+            "bad pattern",
+        ),
+        ([{"id": "a", "pattern": "a|b", "role": "context", "meaning": "m", "example": "a"}], "cannot derive"),
+        (
+            [{"id": "a", "pattern": "xyz", "role": "root", "cause": "bogus", "meaning": "m", "example": "x"}],
+            "unknown cause",
+        ),
+    ],
+)
+def test_bad_tables_are_rejected_with_the_row_named(doc, msg) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SignatureError, match=msg):
+        parse_table(doc)
