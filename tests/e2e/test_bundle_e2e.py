@@ -146,14 +146,12 @@ BASE_FILES = {"summary.md", "incident.json", "bundle.json", "kernel.log", "env.t
 # EngineCore's "RuntimeError: Executor failed." or the API server's exception, which follow the
 # worker's death, are sometimes taken as the root instead of the death itself. The bundle part of
 # these runs is asserted before the verdict, so only the verdict is expected to fail.
-_VERDICT_RACE = pytest.mark.xfail(strict=False, reason="live verdict sometimes process-exception (a consequence)")
-
 FAULTS = [
-    pytest.param("worker-segv rank=1 after=50 incarnation=1", {}, "process-crash", set(), marks=_VERDICT_RACE),
+    ("worker-segv rank=1 after=50 incarnation=1", {}, "process-crash", set()),
     ("worker-segv rank=2 after=50 kernel=KERN incarnation=1", {}, "umd-segfault", set()),
-    pytest.param("worker-exit rank=3 code=3 after=50 incarnation=1", {}, "process-crash", set(), marks=_VERDICT_RACE),
+    ("worker-exit rank=3 code=3 after=50 incarnation=1", {}, "process-crash", set()),
     ("engine-crash after=50 incarnation=1", {}, "process-crash", set()),
-    pytest.param("api-crash after=50 incarnation=1", {}, "process-crash", set(), marks=_VERDICT_RACE),
+    ("api-crash after=50 incarnation=1", {}, "process-crash", set()),
     ("worker-hang rank=1 after=50 incarnation=1",
      {"supervision.hang": {"after_s": 30, "metrics_interval_s": 0.2, "canary": True, "canary_interval_s": 1.0,
                            "canary_timeout_s": 1.5}},
