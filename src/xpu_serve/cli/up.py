@@ -1,0 +1,68 @@
+"""`xpu-serve up -c FILE [--runtime-dir DIR] [--log-format text|json] [--no-echo]`: supervise in the foreground.
+
+Exit codes (xpu_serve.exitcodes): 0 stopped on SIGTERM/SIGINT or `xpu-serve stop`; 2 bad config
+or arguments (one line per problem); 3 gave up after a crash loop; 4 gave up at once (config
+error, port taken by another program); 5 another supervisor holds the runtime directory; 1 the
+runtime directory cannot be used. States, signals and clean-up: docs/supervision.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from xpu_serve import exitcodes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """-c/--config FILE (required), --runtime-dir DIR, --log-format text|json, --no-echo."""
+    parser.add_argument("-c", "--config", required=True, metavar="FILE", help="the YAML config")
+    parser.add_argument(
+        "--runtime-dir", metavar="DIR", help="state, logs and bundles (default: the config's runtime_dir)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="format of the supervisor's own event lines",
+    )
+    parser.add_argument(
+        "--no-echo",
+        action="store_true",
+        help="do not echo the engine's output (it is still written to the logs)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the config and run the supervisor until it stops or gives up; returns the exit code."""
+    from xpu_serve.config import ConfigError, load_config
+    from xpu_serve.state import EVENTS_FILE, LockedError
+    from xpu_serve.supervisor import EventLog, run_supervisor
+
+    # configs/demo.yaml runs the simulator with ${XPU_SERVE_PYTHON}: our own interpreter by default
+    os.environ.setdefault("XPU_SERVE_PYTHON", sys.executable)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return exitcodes.USAGE
+    runtime_dir = Path(args.runtime_dir or cfg.runtime_dir)
+    try:
+        runtime_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"{runtime_dir}: cannot create the runtime directory: {e.strerror}", file=sys.stderr)
+        return exitcodes.FAILURE
+    log = EventLog(fmt=args.log_format, jsonl_path=runtime_dir / EVENTS_FILE)
+    try:
+        return run_supervisor(cfg, runtime_dir, log, echo=not args.no_echo)
+    except LockedError as e:
+        print(str(e), file=sys.stderr)
+        return exitcodes.LOCKED
+    except OSError as e:
+        print(f"{runtime_dir}: {e.strerror or e}", file=sys.stderr)
+        return exitcodes.FAILURE
+    finally:
+        log.close()

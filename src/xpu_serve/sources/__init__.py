@@ -1,0 +1,1 @@
+"""Live sources: vLLM output, kernel log, processes, health."""

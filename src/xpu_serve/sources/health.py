@@ -1,0 +1,96 @@
+"""Health source: readiness and `/health` probing of the OpenAI-compatible server over HTTP (httpx).
+
+vLLM's API server (vllm/entrypoints/openai/api_server.py) answers `GET /health` with 200 while
+the engine client is alive and 503 once the engine is dead (EngineDeadError); `GET /v1/models`
+lists `{"data": [{"id": <served model name>, ...}]}`. Readiness needs both: `/health` answers
+before the model is registered on some versions. Note `/health` stays 200 while the engine is
+hung: hangs are the hang watchdog's job (issue 6), not this probe's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+
+def base_url(host: str, port: int) -> str:
+    """http://HOST:PORT for a listen address; wildcard hosts are probed on loopback."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def make_client(timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
+    """An AsyncClient for probes: no proxies from the environment (loopback), bearer key if set."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(timeout=timeout_s, headers=headers, trust_env=False)
+
+
+async def probe_health(client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
+    """GET {url}/health. Returns (ok, detail): detail is "HTTP 503", "connection refused"..."""
+    try:
+        r = await client.get(url + "/health")
+    except httpx.ConnectError:
+        return False, "connection refused"
+    except httpx.TimeoutException:
+        return False, "timed out"
+    except httpx.HTTPError as e:
+        return False, f"{type(e).__name__}: {e}"
+    return (r.status_code == 200), f"HTTP {r.status_code}"
+
+
+async def probe_ready(client: httpx.AsyncClient, url: str, served_name: str) -> tuple[bool, str]:
+    """Ready when `/health` is 200 and `/v1/models` lists `served_name`. Returns (ready, detail)."""
+    ok, detail = await probe_health(client, url)
+    if not ok:
+        return False, f"/health: {detail}"
+    try:
+        r = await client.get(url + "/v1/models")
+    except httpx.HTTPError as e:
+        return False, f"/v1/models: {type(e).__name__}"
+    if r.status_code != 200:
+        return False, f"/v1/models: HTTP {r.status_code}"
+    try:
+        ids = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError):
+        return False, "/v1/models: not a model list"
+    if served_name not in ids:
+        return False, f"/v1/models does not list {served_name!r} (lists {ids})"
+    return True, "ready"
+
+
+@dataclass
+class HealthMonitor:
+    """Probe `/health` every `interval_s`; call `on_failure(count, detail)` after `failures` in a row.
+
+    `on_failure` is called once per run of consecutive failures (it is the supervisor's trigger);
+    a success resets the count. `run()` loops until cancelled. `consecutive` and `last_detail`
+    are readable at any time (for `status`).
+    """
+
+    client: httpx.AsyncClient
+    url: str
+    interval_s: float
+    failures: int
+    on_failure: Callable[[int, str], None]
+    consecutive: int = 0
+    last_detail: str = ""
+
+    async def run(self) -> None:
+        fired = False
+        while True:
+            await asyncio.sleep(self.interval_s)
+            ok, detail = await probe_health(self.client, self.url)
+            self.last_detail = detail
+            if ok:
+                self.consecutive, fired = 0, False
+                continue
+            self.consecutive += 1
+            if self.consecutive >= self.failures and not fired:
+                fired = True
+                self.on_failure(self.consecutive, detail)

@@ -1,0 +1,1113 @@
+"""The supervisor: an asyncio state machine that starts, watches and restarts `vllm serve`.
+
+States (written to RUNTIME/state.json on every change, told to every observer):
+
+    starting -> ready -> failed -> capturing -> stopping -> backoff -> starting ...
+    any -> stopping -> stopped            (SIGTERM / SIGINT / `xpu-serve stop`: exit 0)
+    failed/capturing/stopping -> gave-up  (crash loop: exit GAVE_UP; unfixable: GAVE_UP_AT_ONCE)
+
+One incarnation = one launch of the engine command (in its own session and process group, with
+the rendered environment plus XPU_SERVE_INCARNATION=N and XPU_SERVE_RUN_ID=<id of this
+supervisor>). Failure triggers: any watched vLLM process exits (pidfd), `/health` fails N probes
+in a row, a fatal line (per the Analyzer's signatures), the start-up stall timer or the overall
+start-up limit, and whatever the plugged-in watchers report via `IncarnationContext.fail`.
+
+On failure, in this order: record the incident (analysis + bundle, before anything is killed),
+stop the whole tree and sweep survivors (`cleanup.stop_tree`), remove the incarnation's
+/dev/shm and /tmp/vllm_dist_* leftovers, wait for the port, then back off (restart policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, BinaryIO, cast
+
+from xpu_serve import cleanup, exitcodes, facts
+from xpu_serve.config import Config
+from xpu_serve.events import Event, split_process_prefix
+from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
+from xpu_serve.restart_policy import RestartPolicy
+from xpu_serve.sources import health as health_src
+from xpu_serve.sources import processes as proc_src
+from xpu_serve.sources.vllm_output import LogPump
+from xpu_serve.state import EVENTS_FILE, RuntimeLock, read_state, status_dict, write_state
+from xpu_serve.vllm_command import render
+
+# Causes (cases/README.md) a restart cannot fix.
+UNFIXABLE_CAUSES = {"config-error"}
+
+
+# --------------------------------------------------------------------------------------------
+# The supervisor's own event log: one line per event, text or JSON, plus RUNTIME/events.jsonl.
+# --------------------------------------------------------------------------------------------
+
+
+class EventLog:
+    """The supervisor's own events, one line each, on `stream` (stderr by default).
+
+    Text: `2026-11-30T09:00:00.123Z xpu-serve: ready: incarnation 1 in 3.2 s`.
+    JSON (`fmt="json"`): {"time": ISO, "ts": epoch s, "event": "ready", "msg": ..., **fields}.
+    Every event is also appended as JSON to RUNTIME/events.jsonl when `jsonl_path` is set.
+    """
+
+    def __init__(self, fmt: str = "text", stream: IO[str] | None = None, jsonl_path: Path | None = None):
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stderr
+        self._jsonl: IO[str] | None = None
+        if jsonl_path is not None:
+            with contextlib.suppress(OSError):
+                self._jsonl = open(jsonl_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+
+    def emit(self, event: str, msg: str, **fields: Any) -> None:
+        ts = time.time()
+        iso = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        rec = {"time": iso, "ts": ts, "event": event, "msg": msg, **fields}
+        line = json.dumps(rec, default=str) if self.fmt == "json" else f"{iso} xpu-serve: {event}: {msg}"
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        if self._jsonl is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._jsonl.write(json.dumps(rec, default=str) + "\n")
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+
+# --------------------------------------------------------------------------------------------
+# Adapters to the modules other engineers own (imported lazily, with fallbacks until they land).
+# --------------------------------------------------------------------------------------------
+
+
+def _new_analyzer() -> Any:
+    try:
+        from xpu_serve.diagnosis import Analyzer
+    except ImportError:
+        return None
+    try:
+        return Analyzer()
+    except Exception:
+        return None
+
+
+# Signature ids (data/signatures.yaml) of lines after which the engine is dead even though they
+# are consequences for the diagnosis: EngineCore's fatal error, EngineDeadError, failed start.
+FATAL_SIGNATURES = frozenset({"engine-core-fatal", "engine-dead-error", "engine-core-failed-start"})
+
+
+def _is_fatal(analyzer: Any, ev: Any) -> bool:
+    """Is this classified line one on which the incarnation is dead? Asks the Analyzer
+    (`is_fatal(event)` when it has one), else the signature id or a `fatal: true` row."""
+    if ev is None or not getattr(ev, "signature", None):
+        return False
+    fn = getattr(analyzer, "is_fatal", None)
+    if callable(fn):
+        return bool(fn(ev))
+    if ev.signature in FATAL_SIGNATURES:
+        return True
+    table = getattr(analyzer, "table", None)
+    sig = table.get(ev.signature) if table is not None and hasattr(table, "get") else None
+    return bool(sig is not None and getattr(sig, "extra", {}).get("fatal"))
+
+
+# --------------------------------------------------------------------------------------------
+# One incarnation: the IncarnationContext that watchers and the bundle writer see.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Incarnation:
+    """`xpu_serve.incarnation.IncarnationContext` of one launch, plus the supervisor's bookkeeping.
+
+    Extra attributes for the bundle writer: `log_dir` (RUNTIME/logs/N), `run_id`, `pgid`,
+    `trigger` (the first failure), `analyzer`, `argv`, `env` (the overrides we set),
+    `restarts`, `exits` (pid -> (exit_code, signal)), `stop` (StopReport once stopped).
+    """
+
+    incarnation: int
+    config: Config
+    runtime_dir: Path
+    run_id: str
+    started_at: float
+    log_dir: Path
+    on_fail: Callable[[Trigger], None]
+    on_record: Callable[[Event], None]
+    ready_at: float | None = None
+    processes: dict[int, ProcessInfo] = field(default_factory=dict)
+    pgid: int | None = None
+    trigger: Trigger | None = None
+    analyzer: Any = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+    shm_before: set[str] | None = None
+    shm_owned: set[str] = field(default_factory=set)
+    stop: cleanup.StopReport | None = None
+    pump: LogPump | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: int | None = None
+
+    def fail(self, trigger: Trigger) -> None:
+        """Declare the incarnation failed; thread-safe; the first trigger wins."""
+        self._call(self.on_fail, trigger)
+
+    def record(self, event: Event) -> None:
+        """Add evidence to the live analysis; thread-safe."""
+        self._call(self.on_record, event)
+
+    def _call(self, fn: Callable[[Any], None], arg: Any) -> None:
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(fn, arg)
+        else:
+            fn(arg)
+
+
+class _Stop(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# The supervisor.
+# --------------------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """Runs the state machine until stopped or given up; `await run()` returns the exit code.
+
+    Args:
+        config: the validated Config.
+        runtime_dir: RUNTIME (state.json, lock, logs/, bundles/); created if missing.
+        log: the supervisor's EventLog (default: text on stderr + RUNTIME/events.jsonl).
+        watchers, observers: default `plugins.watchers_for(config)` / `observers_for(config)`.
+        echo: echo the engine's output tagged with the incarnation on stdout.
+
+    Signals (installed by `install_signal_handlers`): SIGTERM/SIGINT graceful stop (exit 0),
+    a second SIGINT kills the tree at once, SIGHUP a planned restart (not a failure).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        runtime_dir: Path,
+        log: EventLog | None = None,
+        watchers: list[Watcher] | None = None,
+        observers: list[Observer] | None = None,
+        echo: bool = True,
+    ):
+        self.config = config
+        self.runtime_dir = Path(runtime_dir)
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log or EventLog(jsonl_path=self.runtime_dir / EVENTS_FILE)
+        # built in run(), once the lock is held (observers may bind a port: metrics)
+        self._plugins_given = (watchers, observers)
+        self.watchers: list[Watcher] = watchers or []
+        self.observers: list[Observer] = observers or []
+        self.echo = echo
+        self.run_id = uuid.uuid4().hex[:12]
+        self.started_at = time.time()
+        self.state = "starting"
+        self.incarnation = 0
+        self.restarts = 0
+        self.failures = 0
+        self.last_incident: dict[str, Any] | None = None
+        self.next_restart_at: float | None = None
+        self.reason: str | None = None
+        self.time_to_ready_s: float | None = None
+        self.ctx: Incarnation | None = None
+        self.policy = RestartPolicy(config.supervision.restart)
+        self._wake = asyncio.Event()
+        self._stop_requested = False
+        self._kill_now = False
+        self._restart_requested = False
+        self._sigint_count = 0
+        self._lock = RuntimeLock(self.runtime_dir)
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._last_progress = time.monotonic()
+        self._discover_now = asyncio.Event()
+        self._exitwatch: proc_src.ExitWatch | None = None
+        self._connector: proc_src.ProcConnector | None = None
+        self._carry_candidates: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._line_q: deque[tuple[str, int]] = deque()
+        self._drain_scheduled = False
+        self._log_file = ""
+        self._exited: dict[int, float] = {}  # pid -> exit time (epoch s), this incarnation
+
+    # ---- requests (signal handlers, tests) -------------------------------------------------
+
+    def request_stop(self, kill_now: bool = False) -> None:
+        """Stop the server and exit 0; `kill_now` skips the grace period (SIGKILL at once)."""
+        if self._stop_requested and not kill_now:
+            return
+        self._stop_requested = True
+        if kill_now and not self._kill_now:
+            self._kill_now = True
+            ctx = self.ctx
+            if ctx is not None:
+                self.log.emit("kill", "second interrupt: killing the server at once")
+                pids = cleanup.find_members(self.run_id, ctx.incarnation, [ctx.pgid] if ctx.pgid else [])
+                cleanup._killpg(ctx.pgid, signal.SIGKILL)
+                for p in pids:
+                    cleanup._signal(p, signal.SIGKILL)
+        self._wake.set()
+
+    def request_restart(self) -> None:
+        """Planned restart (SIGHUP): stop and start again at once, not counted as a failure."""
+        self._restart_requested = True
+        self._wake.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGHUP:
+            self.log.emit("signal", "SIGHUP: planned restart")
+            self.request_restart()
+        elif signum == signal.SIGINT:
+            self._sigint_count += 1
+            self.log.emit(
+                "signal", "SIGINT: stopping" if self._sigint_count == 1 else "SIGINT again: kill at once"
+            )
+            self.request_stop(kill_now=self._sigint_count > 1)
+        else:
+            self.log.emit("signal", f"{signal_name(signum)}: stopping")
+            self.request_stop()
+
+    def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(s, self._on_signal, s)
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """The current Status (what state.json and observers get)."""
+        procs = list(self.ctx.processes.values()) if self.ctx else []
+        return Status(
+            state=self.state,
+            incarnation=self.incarnation,
+            restarts=self.restarts,
+            supervisor_pid=os.getpid(),
+            processes=procs,
+            last_incident=self.last_incident,
+            next_restart_at=self.next_restart_at,
+            reason=self.reason,
+        )
+
+    def _write_state(self) -> None:
+        ctx = self.ctx
+        e = self.config.engine
+        cleanup_info: dict[str, Any] = {"run_id": self.run_id}
+        if ctx is not None:
+            cleanup_info.update(
+                incarnation=ctx.incarnation,
+                pgid=ctx.pgid,
+                pids=[{"pid": p.pid, "create_time": p.started_at} for p in ctx.processes.values()],
+                shm=sorted(ctx.shm_owned),
+                # what appeared since the launch: candidates for the next `up` after a SIGKILL
+                new_segments=sorted(cleanup.snapshot_segments() - ctx.shm_before) if ctx.shm_before else [],
+                started_at=ctx.started_at,
+            )
+        data = status_dict(
+            self.status(),
+            run_id=self.run_id,
+            supervisor_started_at=self.started_at,
+            engine={"host": e.host, "port": e.port, "served_model_name": e.served_model_name or e.model},
+            config_path=str(self.config.source_path) if self.config.source_path else None,
+            pgid=ctx.pgid if ctx else None,
+            time_to_ready_s=self.time_to_ready_s,
+            failures=self.failures,
+            cleanup=cleanup_info,
+        )
+        if ctx is not None:  # ProcessInfo cannot say "exited, status unknown": add exited_at
+            data["processes"] = [
+                dict(vars(p), exited_at=self._exited.get(p.pid)) for p in ctx.processes.values()
+            ]
+        try:
+            write_state(self.runtime_dir, data)
+        except OSError as ex:
+            self.log.emit("warning", f"cannot write state.json: {ex}")
+
+    def _set_state(self, state: str, reason: str | None = None) -> None:
+        self.state = state
+        self.reason = reason
+        self._write_state()
+        st = self.status()
+        for ob in self.observers:
+            try:
+                ob.on_state(st)
+            except Exception as ex:  # an observer must never break supervision
+                self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
+
+    # ---- main loop -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Supervise until stopped (returns exitcodes.OK) or given up (GAVE_UP, GAVE_UP_AT_ONCE).
+
+        Raises state.LockedError when another supervisor holds the runtime directory.
+        """
+        self._lock.acquire()
+        watchers, observers = self._plugins_given
+        if watchers is None or observers is None:
+            from xpu_serve import plugins
+
+            try:
+                self.watchers = plugins.watchers_for(self.config) if watchers is None else watchers
+                self.observers = plugins.observers_for(self.config) if observers is None else observers
+            except Exception as ex:  # a broken plugin must not stop supervision
+                self.log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
+        loop = asyncio.get_running_loop()
+        self._connector = (
+            proc_src.ProcConnector.open() if os.environ.get("XPU_SERVE_PROC_CONNECTOR") != "0" else None
+        )
+        drain_task = None
+        if self._connector is not None:
+            # Drained lazily (each exit report drains it) plus once a second so the socket buffer
+            # never overflows: waking the loop for every process exit on a busy host costs more.
+            self._connector.interest = set()
+            drain_task = loop.create_task(_drain_every(self._connector, 1.0))
+        try:
+            return await self._run()
+        finally:
+            if self._exitwatch:
+                self._exitwatch.close()
+            if drain_task is not None:
+                drain_task.cancel()
+            if self._connector is not None:
+                self._connector.close()
+            self._lock.release()
+
+    async def _run(self) -> int:
+        e = self.config.engine
+        self.log.emit(
+            "started",
+            f"supervisor pid {os.getpid()} run {self.run_id}, runtime {self.runtime_dir}, "
+            f"engine {' '.join(e.command)} {e.model} on {e.host}:{e.port}",
+            run_id=self.run_id,
+        )
+        if self._connector is None:
+            self.log.emit(
+                "notice",
+                "exit statuses of EngineCore and workers: from /proc only (the kernel's proc connector "
+                "is not available here: a container, or CAP_NET_ADMIN on kernels before 6.6); "
+                "a status may be reported as unknown",
+            )
+        await self._sweep_previous()
+        while True:
+            if self._stop_requested:
+                return self._finish_stopped()
+            if not cleanup.port_free(e.host, e.port):
+                # ours were swept above; whoever holds the port now is another program
+                # a listener we can name is another program: no point waiting for it
+                owners = cleanup.port_owners(e.port)
+                if owners or not await cleanup.wait_port_free(
+                    e.host, e.port, self.config.supervision.stop.port_free_timeout_s
+                ):
+                    owners = owners or cleanup.port_owners(e.port)
+                    who = ", ".join(f"pid {p} ({_comm(p)})" for p in owners) or "an unknown process"
+                    return self._give_up(
+                        exitcodes.GAVE_UP_AT_ONCE,
+                        f"port {e.host}:{e.port} is taken by another program: {who}",
+                    )
+            outcome = await self._incarnation()
+            ctx = self.ctx
+            assert ctx is not None
+            if ctx.trigger is not None and not self._stop_requested and not self._restart_requested_only():
+                code = await self._handle_failure(ctx)
+                if code is not None:
+                    return code
+                continue
+            # stop or planned restart (a failure that raced with a stop is still captured)
+            if ctx.trigger is not None:
+                await self._capture(ctx)
+            await self._stop_incarnation(ctx)
+            if self._stop_requested:
+                return self._finish_stopped()
+            if outcome == "restart":
+                self._restart_requested = False
+                self.restarts += 1
+                d = self.policy.planned_restart(time.monotonic())
+                self.log.emit("restart", f"SIGHUP: {d.reason}")
+                continue
+
+    def _restart_requested_only(self) -> bool:
+        ctx = self.ctx
+        return self._restart_requested and (ctx is None or ctx.trigger is None)
+
+    def _finish_stopped(self) -> int:
+        self._set_state("stopped")
+        self.log.emit("stopped", "server stopped; exit 0")
+        return exitcodes.OK
+
+    def _give_up(self, code: int, reason: str) -> int:
+        self.next_restart_at = None
+        self._set_state("gave-up", reason)
+        self.log.emit("gave-up", reason, exit_code=code)
+        return code
+
+    async def _handle_failure(self, ctx: Incarnation) -> int | None:
+        """failed -> capturing -> stopping -> backoff (or gave-up). Returns an exit code to end with."""
+        incident = await self._capture(ctx)
+        await self._stop_incarnation(ctx)
+        if self._stop_requested:
+            return self._finish_stopped()
+        cause = incident.get("cause", "unknown")
+        trig = ctx.trigger
+        assert trig is not None
+        fatal = cause in UNFIXABLE_CAUSES or trig.kind == "config"
+        self.failures += 1
+        d = self.policy.on_failure(time.monotonic(), fatal=fatal)
+        if d.action == "give-up":
+            code = d.exit_code if d.exit_code is not None else exitcodes.GAVE_UP
+            if fatal:
+                why = f"{cause}: {incident.get('summary') or trig.detail} (a restart cannot fix this)"
+            else:
+                why = f"{d.reason}; last cause: {cause}"
+            return self._give_up(code, why)
+        delay = d.delay_s
+        self.next_restart_at = time.time() + delay
+        self._set_state("backoff")
+        self.log.emit(
+            "restart-scheduled",
+            f"restart in {delay:.2f} s ({d.reason}; cause {cause})",
+            delay_s=round(delay, 3),
+            cause=cause,
+        )
+        self._wake.clear()
+        if self._restart_requested:  # SIGHUP while capturing: restart now
+            self._wake.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+        self.next_restart_at = None
+        if self._stop_requested:
+            return self._finish_stopped()
+        self._restart_requested = False
+        self.restarts += 1
+        return None
+
+    # ---- previous supervisor's orphans ------------------------------------------------------
+
+    async def _sweep_previous(self) -> None:
+        try:
+            prev = read_state(self.runtime_dir)
+        except ValueError as ex:
+            self.log.emit("warning", str(ex))
+            return
+        if not prev:
+            return
+        info = prev.get("cleanup") or {}
+        old_run = info.get("run_id")
+        pgid = info.get("pgid")
+        pids = []
+        for p in info.get("pids") or []:
+            try:
+                pid, ct = int(p["pid"]), p.get("create_time")
+            except (KeyError, TypeError, ValueError):
+                continue
+            if _same_process(pid, ct):
+                pids.append(pid)
+        sessions = [pgid] if isinstance(pgid, int) and _session_alive(pgid) else []
+        members = (
+            cleanup.find_members(old_run, None, sessions, pids) if (old_run or sessions or pids) else set()
+        )
+        members.discard(os.getpid())
+        if members:
+            self.log.emit(
+                "orphans",
+                f"previous supervisor (pid {prev.get('supervisor_pid')}, run {old_run}) left "
+                f"{len(members)} process(es): {sorted(members)}; stopping them",
+                pids=sorted(members),
+            )
+            rep = await cleanup.stop_tree(
+                pgid if sessions else None,
+                old_run,
+                None,
+                members,
+                grace_s=self.config.supervision.stop.grace_s,
+            )
+            if rep.left:
+                self.log.emit("warning", f"could not stop orphan(s) {rep.left}")
+        started = info.get("started_at")
+        seg = cleanup.remove_segments(
+            None,
+            set(info.get("shm") or []),
+            float(started) if isinstance(started, (int, float)) else time.time(),
+            old_run,
+            candidates=set(info.get("new_segments") or []),
+        )
+        if seg.removed or seg.kept:
+            self.log.emit(
+                "orphans",
+                f"removed {len(seg.removed)} leftover segment(s) of the previous supervisor, kept {len(seg.kept)}",
+                removed=seg.removed,
+                kept=seg.kept,
+            )
+        # what we could not attribute now is looked at again after our first incarnation
+        self._carry_candidates = set(seg.kept)
+
+    # ---- one incarnation -------------------------------------------------------------------
+
+    async def _incarnation(self) -> str:
+        """Launch and watch one incarnation; returns "failed", "stop" or "restart"."""
+        loop = asyncio.get_running_loop()
+        self.incarnation += 1
+        n = self.incarnation
+        log_dir = self.runtime_dir / "logs" / str(n)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        ctx = Incarnation(
+            incarnation=n,
+            config=self.config,
+            runtime_dir=self.runtime_dir,
+            run_id=self.run_id,
+            started_at=time.time(),
+            log_dir=log_dir,
+            on_fail=self._on_fail,
+            on_record=self._on_record,
+            restarts=self.restarts,
+            _loop=loop,
+            _thread=threading.get_ident(),
+        )
+        ctx.analyzer = _new_analyzer()
+        self.ctx = ctx
+        self._exited = {}
+        self._wake.clear()
+        if self._stop_requested or self._restart_requested:  # a request that raced with the launch
+            self._wake.set()
+        self._set_state("starting")
+        try:
+            rendered = render(self.config)
+        except Exception as ex:  # ConfigError from rendering: unfixable
+            ctx.fail(Trigger(kind="config", detail=f"cannot render the engine command: {ex}", at=time.time()))
+            return "failed"
+        env = dict(os.environ)
+        overrides = dict(rendered.env)
+        overrides.update(
+            {
+                cleanup.INCARNATION_VAR: str(n),
+                cleanup.RUN_ID_VAR: self.run_id,
+                # keep /proc/PID/environ readable after setproctitle (our sweep reads the marker there)
+                "SPT_NOENV": "1",
+                "PYTHONUNBUFFERED": overrides.get("PYTHONUNBUFFERED", "1"),
+            }
+        )
+        env.update(overrides)
+        ctx.argv, ctx.env = rendered.argv, overrides
+        ctx.shm_before = cleanup.snapshot_segments()
+        try:
+            popen = subprocess.Popen(
+                rendered.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as ex:
+            ctx.fail(
+                Trigger(
+                    kind="config", detail=f"cannot start {rendered.argv[0]!r}: {ex.strerror}", at=time.time()
+                )
+            )
+            return "failed"
+        self._popen = popen
+        ctx.pgid = popen.pid
+        ctx.started_at = time.time()
+        ctx.processes[popen.pid] = ProcessInfo(name="APIServer", pid=popen.pid, started_at=ctx.started_at)
+        self._write_state()
+        self.log.emit(
+            "launched",
+            f"incarnation {n}: engine pid {popen.pid}: {' '.join(rendered.argv)}",
+            incarnation=n,
+            pid=popen.pid,
+        )
+        ew = proc_src.ExitWatch(loop, self._on_exit, connector=self._connector)
+        self._exitwatch = ew
+        ew.watch(popen.pid, status=lambda: proc_src.returncode_status(popen.poll()))
+        self._loop = loop
+        pump = self._start_pump(loop, ctx, popen)
+        ctx.pump = pump
+        self._last_progress = time.monotonic()
+        tasks = [
+            loop.create_task(self._discover(ctx)),
+            loop.create_task(self._readiness(ctx)),
+        ]
+        for w in self.watchers:
+            tasks.append(loop.create_task(self._run_watcher(w, ctx)))
+        try:
+            await self._wake.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if ctx.trigger is not None:
+            return "failed"
+        return "stop" if self._stop_requested else "restart"
+
+    def _start_pump(
+        self, loop: asyncio.AbstractEventLoop, ctx: Incarnation, popen: subprocess.Popen[bytes]
+    ) -> LogPump:
+        """Start the log pump (it owns the pipes from here on); lines reach `_on_line` on the loop."""
+        pump = LogPump(
+            ctx.log_dir,
+            incarnation=ctx.incarnation,
+            echo=sys.stdout if self.echo else None,
+            on_line=self._line_from_pump,
+        )
+        self._log_file = str(pump.log_path)
+        pump.start(cast(BinaryIO, popen.stdout), cast(BinaryIO, popen.stderr))
+        return pump
+
+    def _line_from_pump(self, line: str, lineno: int) -> None:
+        """Pump writer thread: queue the line, wake the loop once per batch (not once per line)."""
+        self._line_q.append((line, lineno))
+        if not self._drain_scheduled and self._loop is not None:
+            self._drain_scheduled = True
+            with contextlib.suppress(RuntimeError):  # loop closed at exit
+                self._loop.call_soon_threadsafe(self._drain_lines)
+
+    def _drain_lines(self) -> None:
+        self._drain_scheduled = False
+        q = self._line_q
+        while q:
+            line, lineno = q.popleft()
+            self._on_line(line, self._log_file, lineno)
+
+    async def _run_watcher(self, w: Watcher, ctx: Incarnation) -> None:
+        try:
+            await w.run(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as ex:
+            self.log.emit(
+                "warning", f"watcher {getattr(w, 'name', type(w).__name__)} failed: {type(ex).__name__}: {ex}"
+            )
+
+    # ---- live inputs -----------------------------------------------------------------------
+
+    def _on_line(self, line: str, file: str, lineno: int) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        self._last_progress = time.monotonic()
+        name, pid, _ = split_process_prefix(line)
+        if pid is not None:
+            if pid in ctx.processes:
+                proc_src.learn_prefix(ctx.processes, name, pid)
+            elif ctx.ready_at is None:
+                self._discover_now.set()
+        an = ctx.analyzer
+        if an is None:
+            return
+        try:
+            ev = an.feed_line(line, file, lineno)
+        except Exception:
+            return
+        if ctx.trigger is None and _is_fatal(an, ev):
+            ctx.fail(
+                Trigger(
+                    kind="fatal-line",
+                    detail=line.strip()[:300],
+                    at=time.time(),
+                    process=getattr(ev, "process", None),
+                    rank=getattr(ev, "rank", None),
+                    pid=getattr(ev, "pid", None),
+                    event=ev,
+                )
+            )
+
+    def _on_record(self, event: Event) -> None:
+        ctx = self.ctx
+        if ctx is not None and ctx.analyzer is not None:
+            with contextlib.suppress(Exception):
+                ctx.analyzer.add_event(event)
+        for ob in self.observers:
+            fn = getattr(ob, "on_event", None)
+            if callable(fn):
+                with contextlib.suppress(Exception):
+                    fn(event)
+
+    def _on_exit(self, pid: int, code: int | None, sig: str | None, at: float) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        info = ctx.processes.get(pid)
+        if info is None:
+            return
+        info.exit_code, info.signal = code, sig
+        self._exited[pid] = at
+        self._on_record(facts.process_exit(info.name, pid, info.rank, code, sig, at))
+        if sig:
+            how = f"killed by {sig}"
+        elif code is not None:
+            how = f"exit code {code}"
+        else:
+            how = "exit status unknown"
+        self._on_fail(
+            Trigger(
+                kind="process-exit",
+                detail=f"{info.name} (pid {pid}) died: {how}",
+                at=at,
+                process=info.name,
+                rank=info.rank,
+                pid=pid,
+                exit_code=code,
+                signal=sig,
+            )
+        )
+
+    def _on_fail(self, trigger: Trigger) -> None:
+        ctx = self.ctx
+        if ctx is None or ctx.trigger is not None or self.state not in ("starting", "ready"):
+            return
+        ctx.trigger = trigger
+        lat_ms = (time.time() - trigger.at) * 1000
+        self.state = "failed"
+        self.log.emit(
+            "failed",
+            f"incarnation {ctx.incarnation}: {trigger.detail} ({trigger.kind})",
+            incarnation=ctx.incarnation,
+            trigger=trigger.kind,
+            process=trigger.process,
+            rank=trigger.rank,
+            pid=trigger.pid,
+            signal=trigger.signal,
+            exit_code=trigger.exit_code,
+            detected_at=trigger.at,
+            detect_ms=round(lat_ms, 3),
+        )
+        self._set_state("failed")
+        self._wake.set()
+
+    # ---- discovery, readiness, health ----------------------------------------------------
+
+    def _expected_names(self) -> set[str]:
+        tp = self.config.engine.tensor_parallel_size
+        workers = {"Worker"} if tp == 1 else {f"Worker_TP{r}" for r in range(tp)}
+        return {"APIServer", "EngineCore"} | workers
+
+    async def _discover(self, ctx: Incarnation) -> None:
+        """Find the tree's processes while starting (100 ms polls until all expected are seen,
+        then on demand when a log line names an unknown pid); watch each for exit."""
+        assert ctx.pgid is not None and self._exitwatch is not None
+        expected = self._expected_names()
+        while True:
+            found = proc_src.discover(ctx.pgid)
+            changed = False
+            for pid, info in found.items():
+                if pid not in ctx.processes:
+                    ctx.processes[pid] = info
+                    self._exitwatch.watch(pid)
+                    changed = True
+            # segments our processes map or hold open: the only proof of ownership we get
+            live = [p for p in ctx.processes if p not in self._exited]
+            seen = cleanup.segments_of(live)
+            if changed or not seen <= ctx.shm_owned:
+                ctx.shm_owned |= seen
+                self._write_state()
+            names = {p.name for p in ctx.processes.values()}
+            self._discover_now.clear()
+            if ctx.ready_at is not None and expected <= names:
+                await self._discover_now.wait()
+            else:
+                # all found: keep watching for new segments until ready, at a slower pace
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._discover_now.wait(), 0.1 if not expected <= names else 0.5)
+
+    async def _readiness(self, ctx: Incarnation) -> None:
+        """starting -> ready, then /health failure counting; start-up stall and overall limits."""
+        e = self.config.engine
+        sv = self.config.supervision
+        url = health_src.base_url(e.host, e.port)
+        served = e.served_model_name or e.model
+        poll = min(0.25, sv.health.interval_s)
+        async with health_src.make_client(sv.health.timeout_s, e.api_key) as client:
+            t0 = time.monotonic()
+            own_stall = not any(getattr(w, "name", "") == "startup-stall" for w in self.watchers)
+            while True:
+                ok, detail = await health_src.probe_ready(client, url, served)
+                if ok:
+                    break
+                now = time.monotonic()
+                if now - t0 > sv.startup.timeout_s:
+                    ctx.fail(
+                        Trigger(
+                            kind="startup-timeout",
+                            at=time.time(),
+                            detail=f"not ready after {sv.startup.timeout_s:g} s (last probe: {detail})",
+                        )
+                    )
+                    return
+                if own_stall and now - self._last_progress > sv.startup.stall_s:
+                    stalled = now - self._last_progress
+                    ev = facts.startup_stall(stalled, "unknown", [])
+                    self._on_record(ev)
+                    ctx.fail(
+                        Trigger(
+                            kind="startup-stall",
+                            at=time.time(),
+                            event=ev,
+                            detail=f"no start-up progress for {stalled:.1f} s",
+                        )
+                    )
+                    return
+                await asyncio.sleep(poll)
+            ctx.ready_at = time.time()
+            self.time_to_ready_s = ctx.ready_at - ctx.started_at
+            ctx.shm_owned |= cleanup.segments_of(ctx.processes)
+            self.log.emit(
+                "ready",
+                f"incarnation {ctx.incarnation} ready in {self.time_to_ready_s:.2f} s at {url} "
+                f"({len(ctx.processes)} processes)",
+                incarnation=ctx.incarnation,
+                time_to_ready_s=round(self.time_to_ready_s, 3),
+            )
+            self.policy.on_ready(time.monotonic())
+            self._set_state("ready")
+            mon = health_src.HealthMonitor(
+                client,
+                url,
+                sv.health.interval_s,
+                sv.health.failures,
+                on_failure=lambda n, d: self._health_failed(ctx, n, d),
+            )
+            await mon.run()
+
+    def _health_failed(self, ctx: Incarnation, n: int, detail: str) -> None:
+        ev = facts.health_failed(n, detail)
+        self._on_record(ev)
+        ctx.fail(Trigger(kind="health", detail=ev.text, at=time.time(), event=ev))
+
+    # ---- failure handling --------------------------------------------------------------------
+
+    async def _settle(self, quiet_s: float = 0.15, max_s: float = 1.0) -> None:
+        """Let the dying tree's last lines arrive (pipes are drained by the pump)."""
+        t_end = time.monotonic() + max_s
+        while time.monotonic() < t_end:
+            if time.monotonic() - self._last_progress >= quiet_s:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _capture(self, ctx: Incarnation) -> dict[str, Any]:
+        """Record the incident: analysis and bundle, before anything is killed."""
+        self._set_state("capturing")
+        await self._settle()
+        if ctx.pump is not None:
+            await asyncio.to_thread(ctx.pump.flush, 2.0)
+            self._drain_lines()
+        ctx.shm_owned |= cleanup.segments_of(ctx.processes)
+        trig = ctx.trigger
+        assert trig is not None
+        incident_obj: Any = None
+        contract: dict[str, Any] = {}
+        if ctx.analyzer is not None:
+            try:
+                incident_obj = ctx.analyzer.incident()
+                contract = dict(incident_obj.to_contract())
+            except Exception as ex:
+                self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
+        if contract.get("cause") in (None, "", "unknown"):
+            # nothing in the logs supports a verdict: say what the supervisor itself saw
+            fb = _fallback_cause(trig)
+            contract["cause"] = fb
+            if fb != "unknown" or not contract.get("summary"):
+                contract["summary"] = trig.detail
+        contract["supervisor"] = {
+            "trigger": {k: v for k, v in vars(trig).items() if k != "event"},
+            "incarnation": ctx.incarnation,
+            "restarts": self.restarts,
+            "started_at": ctx.started_at,
+            "ready_at": ctx.ready_at,
+            "failed_at": trig.at,
+            "processes": [vars(p).copy() for p in ctx.processes.values()],
+        }
+        bundle_path = await self._write_bundle(ctx, trig, incident_obj, contract)
+        cause = contract.get("cause", "unknown")
+        self.last_incident = {
+            "cause": cause,
+            "time": trig.at,
+            "bundle": bundle_path,
+            "summary": contract.get("summary"),
+        }
+        self._write_state()
+        self.log.emit(
+            "incident",
+            f"incarnation {ctx.incarnation}: cause {cause}: {contract.get('summary') or trig.detail}"
+            + (f"; bundle {bundle_path}" if bundle_path else ""),
+            cause=cause,
+            bundle=bundle_path,
+        )
+        for ob in self.observers:
+            try:
+                ob.on_incident(contract, bundle_path)
+            except Exception as ex:
+                self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
+        return contract
+
+    async def _write_bundle(
+        self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
+    ) -> str | None:
+        """The bundle (xpu_serve.bundle), written in a thread so signals are still handled."""
+        try:
+            from xpu_serve.bundle import write_incident_bundle
+        except ImportError:
+            return await asyncio.to_thread(_minimal_bundle, ctx, contract)
+        report_text = _report_text(incident, contract)
+        # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
+        stacks = trig.event.extra.get("stacks") if trig.event is not None else None
+        if not isinstance(stacks, dict):
+            stacks = None
+        res = await asyncio.to_thread(write_incident_bundle, ctx, trig, contract, report_text, stacks)
+        if getattr(res, "errors", None):
+            self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
+        path = getattr(res, "path", None)
+        return str(path) if path else None
+
+    async def _stop_incarnation(self, ctx: Incarnation) -> None:
+        """stopping: stop the tree, sweep, verify, remove leftovers, wait for the port."""
+        self._set_state("stopping")
+        if self._exitwatch is not None:
+            self._exitwatch.close()
+            self._exitwatch = None
+        sv = self.config.supervision
+        rep = await cleanup.stop_tree(
+            ctx.pgid,
+            self.run_id,
+            ctx.incarnation,
+            list(ctx.processes),
+            grace_s=sv.stop.grace_s,
+            kill_now=self._kill_now,
+        )
+        ctx.stop = rep
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=1.0)
+        if ctx.pump is not None:
+            await asyncio.to_thread(ctx.pump.wait_eof, 2.0)
+            stats = await asyncio.to_thread(ctx.pump.close, 2.0)
+            self._drain_lines()
+            if stats.dropped_lines:
+                self.log.emit(
+                    "warning", f"incarnation {ctx.incarnation}: log pump dropped {stats.dropped_lines} lines"
+                )
+        if rep.left:
+            self.log.emit("warning", f"incarnation {ctx.incarnation}: process(es) {rep.left} survive SIGKILL")
+        seg = cleanup.remove_segments(
+            ctx.shm_before, ctx.shm_owned, ctx.started_at, self.run_id, candidates=self._carry_candidates
+        )
+        self._carry_candidates = set()
+        e = self.config.engine
+        port_ok = await cleanup.wait_port_free(e.host, e.port, sv.stop.port_free_timeout_s)
+        self.log.emit(
+            "cleaned",
+            f"incarnation {ctx.incarnation}: stopped in {rep.seconds:.2f} s ({len(rep.terminated)} SIGTERM, "
+            f"{len(rep.killed)} SIGKILL, {len(rep.left)} left); removed {len(seg.removed)} segment(s)"
+            + ("" if port_ok else f"; port {e.port} still taken"),
+            killed=rep.killed,
+            left=rep.left,
+            removed=seg.removed,
+            kept=seg.kept,
+        )
+
+
+async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        conn.drain()
+
+
+def _fallback_cause(trig: Trigger) -> str:
+    return {
+        "process-exit": "process-crash",
+        "health": "process-crash",
+        "startup-stall": "startup-hang",
+        "startup-timeout": "startup-hang",
+        "hang": "engine-hang",
+        "config": "config-error",
+    }.get(trig.kind, "unknown")
+
+
+def _report_text(incident: Any, contract: dict[str, Any]) -> str:
+    """The people's report (`report.render_text(incident)`, what `diagnose` prints), or a short fallback."""
+    import importlib
+
+    if incident is not None:
+        for name in ("xpu_serve.report", "xpu_serve.diagnosis.report", "xpu_serve.diagnosis"):
+            try:
+                fn = getattr(importlib.import_module(name), "render_text", None)
+            except ImportError:
+                continue
+            if callable(fn):
+                try:
+                    return str(fn(incident))
+                except Exception:
+                    break
+    return f"cause: {contract.get('cause')}\n{contract.get('summary') or ''}\n"
+
+
+def _minimal_bundle(ctx: Incarnation, contract: dict[str, Any]) -> str:
+    """Until `xpu_serve.bundle` lands: RUNTIME/bundles/<UTC>-i<N>-<cause>/incident.json only."""
+    t = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    d = Path(ctx.runtime_dir) / "bundles" / f"{t}-i{ctx.incarnation}-{contract.get('cause', 'unknown')}"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (d / "incident.json").write_text(json.dumps(contract, indent=2, default=str) + "\n")
+    return str(d)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _same_process(pid: int, create_time: Any) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return create_time is None or abs(p.create_time() - float(create_time)) < 1.0
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
+def _session_alive(sid: int) -> bool:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def signal_name(signum: int) -> str:
+    return proc_src.signal_name(signum)
+
+
+def run_supervisor(config: Config, runtime_dir: Path, log: EventLog, echo: bool = True) -> int:
+    """Run a Supervisor on a fresh event loop with signal handlers; returns the exit code.
+
+    Raises state.LockedError when the runtime directory is held by another supervisor.
+    """
+    sup = Supervisor(config, runtime_dir, log=log, echo=echo)
+
+    async def main() -> int:
+        sup.install_signal_handlers(asyncio.get_running_loop())
+        return await sup.run()
+
+    return asyncio.run(main())
