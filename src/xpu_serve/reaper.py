@@ -1,0 +1,56 @@
+"""Reap zombie children that are not ours to wait for, when `up` runs as PID 1.
+
+In a container without tini, `xpu-serve up` is PID 1 of its PID namespace, so every vLLM process
+that loses its parent (an EngineCore whose API server was SIGKILLed, a worker of a dead
+EngineCore) is re-parented to it. Such orphans become zombies when they exit and nobody else will
+wait for them. A blanket `waitpid(-1)` would also steal the exit status of the children the
+supervisor waits for itself (the API server via `subprocess.Popen`, the log relay), so this reaps
+only zombies that are direct children and not in a protected set, found from `/proc/PID/stat`
+(proc(5): field 3 state, field 4 ppid).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+
+def zombie_children(parent: int | None = None) -> list[int]:
+    """Pids of zombie (state Z) processes whose parent is `parent` (default: this process)."""
+    me = os.getpid() if parent is None else parent
+    out: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) >= 2 and rest[0] == b"Z" and int(rest[1]) == me:
+            out.append(int(name))
+    return out
+
+
+def reap_orphans(protected: Iterable[int] = ()) -> list[int]:
+    """Reap every zombie child of this process except `protected` pids; returns the reaped pids.
+
+    Never raises: a child reaped meanwhile by someone else is skipped.
+    """
+    keep = set(protected)
+    reaped: list[int] = []
+    for pid in zombie_children():
+        if pid in keep:
+            continue
+        try:
+            got, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if got == pid:
+            reaped.append(pid)
+    return reaped

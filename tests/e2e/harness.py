@@ -1,0 +1,210 @@
+"""Shared harness for end-to-end tests: one `xpu-serve up` child on the simulator.
+
+`Up` writes a config to a tmp dir (free port, time-scaled simulator, a unique
+XPU_SERVE_SIM_DIST_TAG so the test knows exactly which /dev/shm and /tmp/vllm_dist_* entries are its
+own), runs `python -m xpu_serve up` in its own session, reads state.json and events.jsonl, and in
+teardown kills the supervisor and sweeps every process carrying its run id, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from xpu_serve import cleanup
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Up:
+    """One `xpu-serve up` child and helpers to read its runtime directory."""
+
+    def __init__(
+        self, tmp: Path, tp: int = 2, faults: str = "", engine: dict[str, Any] | None = None, **sup: Any
+    ):
+        self.tmp = tmp
+        self.runtime = tmp / "runtime"
+        self.tag = uuid.uuid4().hex  # the simulator wants hex (it derives a port from it)
+        self.port = _free_port()
+        supervision: dict[str, Any] = {
+            "restart": {"initial_delay_s": 0.2, "multiplier": 2, "max_delay_s": 5, "max_failures": 5},
+            "health": {"interval_s": 0.5, "failures": 3},
+            "startup": {"stall_s": 30, "timeout_s": 60},
+            "stop": {"grace_s": 3, "port_free_timeout_s": 10},
+        }
+        supervision.update(sup)
+        eng: dict[str, Any] = {
+            "command": [sys.executable, "-m", "xpu_serve.sim", "serve"],
+            "model": "test/Sim",
+            "served_model_name": "sim",
+            "tensor_parallel_size": tp,
+            "host": "127.0.0.1",
+            "port": self.port,
+        }
+        eng.update(engine or {})
+        self.cfg = {
+            "engine": eng,
+            "environment": {
+                "vars": {
+                    "XPU_SERVE_SIM_TIME_SCALE": "0.01",
+                    "XPU_SERVE_SIM_FAULTS": faults,
+                    "XPU_SERVE_SIM_DIST_TAG": self.tag,
+                }
+            },
+            "supervision": supervision,
+            "watchers": {"kernel": {"enabled": False}},
+            "metrics": {"enabled": False},
+            "bundles": {"collector_timeout_s": 3},
+            "runtime_dir": str(self.runtime),
+        }
+        self.config = tmp / "config.yaml"
+        self.config.write_text(yaml.safe_dump(self.cfg))
+        self.proc: subprocess.Popen[str] | None = None
+        self.run_ids: set[str] = set()
+
+    def write_config(self) -> None:
+        """Write `self.cfg` again after a test changed it."""
+        self.config.write_text(yaml.safe_dump(self.cfg))
+
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> Up:
+        self.out = open(self.tmp / f"up-{len(self.run_ids)}.out", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "xpu_serve", "up", "-c", str(self.config), "--log-format", "json", *extra],
+            env=None if env is None else {**os.environ, **env},
+            stdout=self.out,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.wait_for(lambda: self.state().get("supervisor_pid") == self.proc.pid if self.proc else False, 30)
+        self.run_ids.add(self.state()["run_id"])
+        return self
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.runtime / "state.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            lines = (self.runtime / "events.jsonl").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        evs = [json.loads(x) for x in lines if x.strip()]
+        return [e for e in evs if name is None or e["event"] == name]
+
+    def wait_for(self, cond: Any, timeout: float, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; events: {self.events()[-8:]}")
+
+    def wait_state(self, state: str, incarnation: int | None = None, timeout: float = 45) -> dict[str, Any]:
+        def ok() -> bool:
+            st = self.state()
+            return st.get("state") == state and (incarnation is None or st.get("incarnation") == incarnation)
+
+        self.wait_for(ok, timeout, f"state {state} incarnation {incarnation}")
+        return self.state()
+
+    def wait_tree(self, incarnation: int, timeout: float = 45) -> dict[str, Any]:
+        """Ready with the whole tree discovered (API server, EngineCore, every worker)."""
+        tp = self.cfg["engine"]["tensor_parallel_size"]
+
+        def ok() -> bool:
+            st = self.state()
+            names = {p["name"] for p in st.get("processes", [])}
+            return (
+                st.get("state") == "ready"
+                and st.get("incarnation") == incarnation
+                and {"APIServer", "EngineCore"} | {f"Worker_TP{r}" for r in range(tp)} <= names
+            )
+
+        self.wait_for(ok, timeout, f"incarnation {incarnation} ready with its tree")
+        return self.state()
+
+    def exit_code(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stderr(self) -> str:
+        assert self.proc is not None
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except (subprocess.TimeoutExpired, ValueError):
+            return ""
+        return err or ""
+
+    def our_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for rid in self.run_ids:
+            pids |= cleanup.find_members(rid)
+        return pids
+
+    def our_segments(self) -> list[str]:
+        found = [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if self.tag in n]
+        found += [f"/tmp/{n}" for n in os.listdir("/tmp") if n == f"vllm_dist_{self.tag}"]
+        return found
+
+    def kill_all(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))  # type: ignore[union-attr]
+            self.proc.wait(10)
+        for pid in self.our_pids():
+            with_suppress(lambda p=pid: os.kill(p, signal.SIGKILL))
+        for path in self.our_segments():
+            with_suppress(lambda p=path: os.unlink(p))
+        if hasattr(self, "out"):
+            self.out.close()
+
+
+def proc_connector_available() -> bool:
+    from xpu_serve.sources.processes import ProcConnector
+
+    c = ProcConnector.open()
+    if c is None:
+        return False
+    c.close()
+    return True
+
+
+def with_suppress(fn: Any) -> None:
+    try:
+        fn()
+    except OSError:
+        pass
+
+
+@pytest.fixture
+def up_factory(tmp_path: Path) -> Iterator[Any]:
+    made: list[Up] = []
+
+    def make(**kw: Any) -> Up:
+        u = Up(tmp_path / f"u{len(made)}", **kw)
+        made.append(u)
+        return u
+
+    for d in range(4):
+        (tmp_path / f"u{d}").mkdir()
+    yield make
+    for u in made:
+        u.kill_all()
