@@ -33,7 +33,7 @@ def _recv_all(sock: socket.socket, wait_s: float = 0.3) -> list[str]:
     while True:
         try:
             msgs.append(sock.recv(4096).decode())
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return msgs
 
 
