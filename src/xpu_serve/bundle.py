@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tarfile
 import threading
 import time
@@ -742,6 +743,10 @@ def write_snapshot_bundle(ctx: IncarnationContext, note: str | None = None) -> B
         return BundleResult(None, False, [f"bundle writer failed: {type(e).__name__}: {e}"], SNAPSHOT_CAUSE)
 
 
+# Seconds between the bundle-request watcher's fallback scans (requests normally come with SIGUSR1).
+SLOW_SCAN_S = 10.0
+
+
 def request_bundle(runtime_dir: Path | str, note: str | None = None) -> Path:
     """Drop a snapshot request for a running supervisor: RUNTIME/requests/bundle-<id>.json.
 
@@ -789,19 +794,33 @@ def serve_bundle_request(ctx: IncarnationContext, request: Path) -> BundleResult
 class BundleRequestWatcher:
     """A `Watcher` that answers `xpu-serve bundle` requests while an incarnation runs.
 
-    Polls RUNTIME/requests/ every `interval_s` seconds; each request is served in a thread
-    (`serve_bundle_request`), so the event loop never blocks. It never calls `ctx.fail`: a
-    snapshot is not a failure.
+    Scans RUNTIME/requests/ when woken (`wake()`: the supervisor calls it on SIGUSR1, which
+    `xpu-serve bundle` sends after dropping its request; no polling while idle), at the start of
+    each incarnation, and every `interval_s` seconds (default 10 s) as a fallback for a request
+    whose signal could not be sent. Each request is served in a thread (`serve_bundle_request`),
+    so the event loop never blocks. It never calls `ctx.fail`: a snapshot is not a failure.
     """
 
     name = "bundle-requests"
 
-    def __init__(self, interval_s: float = 0.5):
+    def __init__(self, interval_s: float = SLOW_SCAN_S):
         self.interval_s = interval_s
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def wake(self) -> None:
+        """Scan the request folder now (thread-safe; a no-op between incarnations)."""
+        loop, ev = self._loop, self._wake
+        if loop is None or ev is None:
+            return
+        with contextlib.suppress(RuntimeError):  # loop closed
+            loop.call_soon_threadsafe(ev.set)
 
     async def run(self, ctx: IncarnationContext) -> None:
         req_dir = Path(ctx.runtime_dir) / REQUESTS_DIR
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         while True:
+            self._wake.clear()
             try:
                 pending = sorted(req_dir.glob("bundle-*.json"))
             except OSError:
@@ -811,7 +830,44 @@ class BundleRequestWatcher:
                     continue
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(serve_bundle_request, ctx, req)
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+
+def catches_signal(pid: int, signum: int) -> bool | None:
+    """Does `pid` catch `signum`? From the `SigCgt:` mask of /proc/PID/status (bit signum-1;
+    fs/proc/array.c render_sigset_t). None when the file cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def wake_supervisor(pid: int | None) -> bool | None:
+    """Send SIGUSR1 to the supervisor `pid` (from its lock file or state.json) so it scans
+    RUNTIME/requests/ at once.
+
+    Returns True when sent; None when not sent because the process does not catch SIGUSR1 (an
+    older supervisor that polls its request folder on its own: the default action would kill
+    it); False when there is no usable pid or the signal cannot be sent (another user, gone,
+    /proc unreadable): the supervisor then finds the request on its slow scan (`SLOW_SCAN_S`).
+    """
+    if pid is None or pid <= 0:
+        return False
+    caught = catches_signal(pid, signal.SIGUSR1)
+    if caught is None:
+        return False
+    if not caught:
+        return None
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        return False
+    return True
 
 
 def wait_for_answer(request: Path, ack_timeout_s: float, timeout_s: float) -> dict[str, Any] | None:

@@ -368,13 +368,23 @@ def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
 _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def builtin_env() -> dict[str, str]:
+    """Variables interpolation sees when the environment does not set them: XPU_SERVE_PYTHON =
+    the interpreter running xpu-serve (`sys.executable`), so a config's
+    `${XPU_SERVE_PYTHON:-python3}` (configs/demo.yaml) finds the installed package, the same for
+    `up`, `render` and `check`."""
+    return {"XPU_SERVE_PYTHON": sys.executable}
+
+
 def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
-    """Substitute `${VAR}` and `${VAR:-default}` in `text` from `env` (default: os.environ).
+    """Substitute `${VAR}` and `${VAR:-default}` in `text` from `env` (default: os.environ, with
+    `builtin_env()` for what it does not set).
 
     `$$` stands for a literal `$`. `${VAR:-default}` uses the default when VAR is unset or empty,
     as in POSIX sh. Returns (new text, names of variables that were unset and had no default).
     """
     source = os.environ if env is None else env
+    builtins = builtin_env() if env is None else {}
     missing: list[str] = []
 
     def sub(m: re.Match[str]) -> str:
@@ -382,6 +392,8 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
             return "$"
         name, default = m.group(1), m.group(2)
         value = source.get(name)
+        if value is None:
+            value = builtins.get(name)
         if value:
             return value
         if default is not None:

@@ -49,6 +49,8 @@ from xpu_serve.vllm_command import render
 
 # Causes (cases/README.md) a restart cannot fix.
 UNFIXABLE_CAUSES = {"config-error"}
+# Seconds between runs of `watchers.kernel.device_check` while a wedged device holds the restart.
+DEVICE_CHECK_INTERVAL_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,24 +108,19 @@ def _new_analyzer() -> Any:
         return None
 
 
-# Signature ids (data/signatures.yaml) of lines after which the engine is dead even though they
-# are consequences for the diagnosis: EngineCore's fatal error, EngineDeadError, failed start.
-FATAL_SIGNATURES = frozenset({"engine-core-fatal", "engine-dead-error", "engine-core-failed-start"})
-
-
 def _is_fatal(analyzer: Any, ev: Any) -> bool:
-    """Is this classified line one on which the incarnation is dead? Asks the Analyzer
-    (`is_fatal(event)` when it has one), else the signature id or a `fatal: true` row."""
+    """Is this classified line one on which the incarnation is dead? The signature table says so
+    (`fatal: true` rows of data/signatures.yaml, through `diagnosis.Analyzer.is_fatal(event)`)."""
     if ev is None or not getattr(ev, "signature", None):
         return False
     fn = getattr(analyzer, "is_fatal", None)
-    if callable(fn):
-        return bool(fn(ev))
-    if ev.signature in FATAL_SIGNATURES:
-        return True
-    table = getattr(analyzer, "table", None)
-    sig = table.get(ev.signature) if table is not None and hasattr(table, "get") else None
-    return bool(sig is not None and getattr(sig, "extra", {}).get("fatal"))
+    return bool(fn(ev)) if callable(fn) else False
+
+
+# Signals after which the kernel usually logs a record naming the faulting library or the OOM
+# kill (arch/x86/mm/fault.c show_signal_msg, arch/x86/kernel/traps.c, mm/oom_kill.c): the capture
+# gives the kernel watcher a short settle for it when a process died by one (or of unknown status).
+_KERNEL_RECORDED_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGKILL"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,6 +245,11 @@ class Supervisor:
         self._drain_scheduled = False
         self._log_file = ""
         self._exited: dict[int, float] = {}  # pid -> exit time (epoch s), this incarnation
+        # watchers' `on_line(line, file, lineno)`, called on the pump's writer thread
+        self._line_hooks: list[Callable[[str, str, int], None]] = []
+        # watcher tasks of the current incarnation: they outlive the trigger (evidence that
+        # arrives while capturing is still recorded) and are cancelled just before the stop
+        self._watch_tasks: list[asyncio.Task[None]] = []
 
     # ---- requests (signal handlers, tests) -------------------------------------------------
 
@@ -272,8 +274,19 @@ class Supervisor:
         self._restart_requested = True
         self._wake.set()
 
+    def request_scan(self) -> None:
+        """SIGUSR1 (`xpu-serve bundle` dropped a request): wake every watcher that has `wake()`
+        (the bundle-request watcher scans its folder once)."""
+        for w in self.watchers:
+            fn = getattr(w, "wake", None)
+            if callable(fn):
+                with contextlib.suppress(Exception):
+                    fn()
+
     def _on_signal(self, signum: int) -> None:
-        if signum == signal.SIGHUP:
+        if signum == signal.SIGUSR1:
+            self.request_scan()
+        elif signum == signal.SIGHUP:
             self.log.emit("signal", "SIGHUP: planned restart")
             self.request_restart()
         elif signum == signal.SIGINT:
@@ -287,7 +300,8 @@ class Supervisor:
             self.request_stop()
 
     def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        """SIGTERM/SIGINT stop, SIGHUP planned restart, SIGUSR1 scan for `xpu-serve bundle` requests."""
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             loop.add_signal_handler(s, self._on_signal, s)
 
     # ---- state -------------------------------------------------------------------------------
@@ -330,6 +344,7 @@ class Supervisor:
             time_to_ready_s=self.time_to_ready_s,
             failures=self.failures,
             cleanup=cleanup_info,
+            kernel_watch=self._kernel_watch_status(),
         )
         if ctx is not None:  # ProcessInfo cannot say "exited, status unknown": add exited_at
             data["processes"] = [
@@ -339,6 +354,26 @@ class Supervisor:
             write_state(self.runtime_dir, data)
         except OSError as ex:
             self.log.emit("warning", f"cannot write state.json: {ex}")
+
+    def _kernel_watcher(self) -> Any:
+        """The kernel log watcher among the plugged-in watchers (duck-typed), or None."""
+        for w in self.watchers:
+            if callable(getattr(w, "source_status", None)) and callable(getattr(w, "restart_blocker", None)):
+                return w
+        return None
+
+    def _kernel_watch_status(self) -> dict[str, Any] | None:
+        """`KernelWatcher.source_status()` ({source, reason, overruns}) for state.json and `status`;
+        {"source": None, "reason": "disabled ..."} when no kernel watcher is attached."""
+        kw = self._kernel_watcher()
+        if kw is None:
+            off = not self.config.watchers.kernel.enabled
+            why = "disabled (watchers.kernel.enabled: false)" if off else "no kernel log watcher attached"
+            return {"source": None, "reason": f"kernel log watch {why}", "overruns": 0}
+        try:
+            return dict(kw.source_status())
+        except Exception:
+            return None
 
     def _set_state(self, state: str, reason: str | None = None) -> None:
         self.state = state
@@ -368,6 +403,11 @@ class Supervisor:
                 self.observers = plugins.observers_for(self.config) if observers is None else observers
             except Exception as ex:  # a broken plugin must not stop supervision
                 self.log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
+        self._line_hooks = [
+            w.on_line  # type: ignore[attr-defined]
+            for w in self.watchers
+            if callable(getattr(w, "on_line", None))
+        ]
         loop = asyncio.get_running_loop()
         self._connector = (
             proc_src.ProcConnector.open() if os.environ.get("XPU_SERVE_PROC_CONNECTOR") != "0" else None
@@ -381,6 +421,7 @@ class Supervisor:
         try:
             return await self._run()
         finally:
+            await self._cancel_watchers()
             if self._exitwatch:
                 self._exitwatch.close()
             if drain_task is not None:
@@ -477,22 +518,60 @@ class Supervisor:
                 why = f"{d.reason}; last cause: {cause}"
             return self._give_up(code, why)
         delay = d.delay_s
+        kw = self._kernel_watcher()
+        blocker: str | None = None
+        if kw is not None:
+            try:
+                blocker = kw.restart_blocker()
+            except Exception as ex:
+                self.log.emit("warning", f"restart_blocker: {type(ex).__name__}: {ex}")
         self.next_restart_at = time.time() + delay
-        self._set_state("backoff")
+        self._set_state("backoff", blocker)
         self.log.emit(
             "restart-scheduled",
-            f"restart in {delay:.2f} s ({d.reason}; cause {cause})",
+            f"restart in {delay:.2f} s ({d.reason}; cause {cause})"
+            + (f"; held until the device is ready: {blocker}" if blocker else ""),
             delay_s=round(delay, 3),
             cause=cause,
+            blocker=blocker,
         )
         self._wake.clear()
         if self._restart_requested:  # SIGHUP while capturing: restart now
             self._wake.set()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), delay)
+        # the device check runs from the start of the backoff, alongside the delay
+        forced = False
+        ready_task = (
+            asyncio.get_running_loop().create_task(kw.wait_device_ready(DEVICE_CHECK_INTERVAL_S))
+            if blocker
+            else None
+        )
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            if ready_task is not None and not ready_task.done() and not self._wake.is_set():
+                self.next_restart_at = None
+                self._set_state("backoff", blocker)
+                self.log.emit("restart-held", f"restart held: {blocker}", reason=blocker)
+                wake = asyncio.get_running_loop().create_task(self._wake.wait())
+                try:
+                    await asyncio.wait({ready_task, wake}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wake.cancel()
+            forced = ready_task is not None and not ready_task.done()
+            if ready_task is not None and ready_task.done() and not ready_task.cancelled():
+                if ready_task.exception() is None:
+                    self.log.emit("device-ready", "device check passed: restarting")
+                else:
+                    self.log.emit("warning", f"device check failed: {ready_task.exception()}; restarting")
+        finally:
+            if ready_task is not None and not ready_task.done():
+                ready_task.cancel()
+                await asyncio.gather(ready_task, return_exceptions=True)
         self.next_restart_at = None
         if self._stop_requested:
             return self._finish_stopped()
+        if forced and not self._stop_requested:
+            self.log.emit("restart", "SIGHUP: restarting although the device check has not passed")
         self._restart_requested = False
         self.restarts += 1
         return None
@@ -644,17 +723,29 @@ class Supervisor:
             loop.create_task(self._discover(ctx)),
             loop.create_task(self._readiness(ctx)),
         ]
-        for w in self.watchers:
-            tasks.append(loop.create_task(self._run_watcher(w, ctx)))
+        self._watch_tasks = [loop.create_task(self._run_watcher(w, ctx)) for w in self.watchers]
         try:
             await self._wake.wait()
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if ctx.trigger is None:  # stop or planned restart: nothing left to capture
+                await self._cancel_watchers()
+        # On a failure the watchers keep running through `capturing` (a kernel record written
+        # just after the process died is still recorded; their ctx.fail() calls are ignored);
+        # `_stop_incarnation` cancels them once the bundle is written.
         if ctx.trigger is not None:
             return "failed"
         return "stop" if self._stop_requested else "restart"
+
+    async def _cancel_watchers(self) -> None:
+        """Cancel the current incarnation's watcher tasks and wait for them (idempotent)."""
+        tasks, self._watch_tasks = self._watch_tasks, []
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start_pump(
         self, loop: asyncio.AbstractEventLoop, ctx: Incarnation, popen: subprocess.Popen[bytes]
@@ -671,7 +762,13 @@ class Supervisor:
         return pump
 
     def _line_from_pump(self, line: str, lineno: int) -> None:
-        """Pump writer thread: queue the line, wake the loop once per batch (not once per line)."""
+        """Pump writer thread: hand the line to the watchers' `on_line` hooks (cheap, thread-safe:
+        a substring test each), queue it for the loop, wake the loop once per batch (not per line)."""
+        for hook in self._line_hooks:
+            try:
+                hook(line, self._log_file, lineno)
+            except Exception:  # a watcher's bug must not cost the pump its lines
+                pass
         self._line_q.append((line, lineno))
         if not self._drain_scheduled and self._loop is not None:
             self._drain_scheduled = True
@@ -702,6 +799,7 @@ class Supervisor:
         if ctx is None:
             return
         self._last_progress = time.monotonic()
+        ctx.shm_owned |= cleanup.dist_paths_in_line(line)  # our own init file, named by our tree
         name, pid, _ = split_process_prefix(line)
         if pid is not None:
             if pid in ctx.processes:
@@ -900,6 +998,27 @@ class Supervisor:
                 return
             await asyncio.sleep(0.05)
 
+    async def _settle_kernel(self, ctx: Incarnation) -> None:
+        """A process died by a signal the kernel logs (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGKILL for
+        an OOM kill) or of unknown status: give the kernel watcher its short settle
+        (`KernelWatcher.settle`, at most its `settle_s`) so the record naming the library is in
+        the verdict even when the kernel log delivers it after the exit was seen."""
+        died = [
+            pid
+            for pid, info in ctx.processes.items()
+            if pid in self._exited
+            and (info.signal in _KERNEL_RECORDED_SIGNALS or (info.signal is None and info.exit_code is None))
+        ]
+        if not died:
+            return
+        for w in self.watchers:
+            fn = getattr(w, "settle", None)
+            if callable(fn):
+                try:
+                    await fn(ctx, died)
+                except Exception as ex:
+                    self.log.emit("warning", f"kernel settle: {type(ex).__name__}: {ex}")
+
     async def _capture(self, ctx: Incarnation) -> dict[str, Any]:
         """Record the incident: analysis and bundle, before anything is killed."""
         self._set_state("capturing")
@@ -907,6 +1026,7 @@ class Supervisor:
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
             self._drain_lines()
+        await self._settle_kernel(ctx)
         ctx.shm_owned |= cleanup.segments_of(ctx.processes)
         trig = ctx.trigger
         assert trig is not None
@@ -977,11 +1097,13 @@ class Supervisor:
 
     async def _stop_incarnation(self, ctx: Incarnation) -> None:
         """stopping: stop the tree, sweep, verify, remove leftovers, wait for the port."""
+        await self._cancel_watchers()
         self._set_state("stopping")
         if self._exitwatch is not None:
             self._exitwatch.close()
             self._exitwatch = None
         sv = self.config.supervision
+        ctx.shm_owned |= cleanup.segments_of(ctx.processes)  # last proof of ownership (issue 4 item 6)
         rep = await cleanup.stop_tree(
             ctx.pgid,
             self.run_id,

@@ -13,7 +13,13 @@
   that did not reach it. Its name tells the supervisor to leave stall detection to it.
 
 Line hook: the supervisor calls `on_line(line, file, lineno)` on every watcher that has one, for
-every line of the engine's output (cheap and non-blocking: a substring test, rarely a regex).
+every line of the engine's output, on the log pump's writer thread (cheap, non-blocking and
+thread-safe: a substring test, rarely a regex). Nothing tails vllm.log.
+
+Failure: the watchers keep running while the supervisor captures the incident (their ctx.fail()
+calls are ignored then, their ctx.record() calls still count) and are cancelled just before the
+tree is stopped. The kernel watcher's `settle(ctx, pids)` lets a crash record that the kernel
+prints just after the process died reach the verdict.
 
 All three are created once per supervisor and `run(ctx)` once per incarnation; state that
 belongs to an incarnation is reset at the start of `run`.
@@ -30,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from xpu_serve import facts
@@ -57,6 +62,13 @@ _GPU_DRIVERS = ("xe ", "i915 ")
 
 def _warn(msg: str) -> None:
     print(f"xpu-serve: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _failed(ctx: IncarnationContext) -> bool:
+    """The incarnation already failed (the supervisor's context carries its first `trigger`):
+    the watchers still run while it captures, but a hang or a stall declared now would only
+    describe the dying tree, so those watchers stay quiet."""
+    return getattr(ctx, "trigger", None) is not None
 
 
 def _live(ctx: IncarnationContext) -> list[ProcessInfo]:
@@ -117,9 +129,21 @@ class KernelWatcher:
 
     name = "kernel"
 
-    def __init__(self, config: Any, kmsg_path: str = ksrc.KMSG_PATH, sysfs_drm: str = "/sys/class/drm"):
+    def __init__(
+        self,
+        config: Any,
+        kmsg_path: str = ksrc.KMSG_PATH,
+        sysfs_drm: str = "/sys/class/drm",
+        settle_s: float | None = None,
+    ):
         self.config = config
         self.cfg = config.watchers.kernel
+        # how long the capture waits for a crash record after a process died by a signal
+        # (`settle`); `watchers.kernel.settle_s` when the config has it, else 0.5 s
+        self.settle_s = float(settle_s if settle_s is not None else getattr(self.cfg, "settle_s", 0.5))
+        self.crash_pids: set[int | None] = set()  # this incarnation's processes with a crash record
+        self._crash_seen: asyncio.Event | None = None
+        self._reading = False
         self.kmsg_path = kmsg_path
         self.sysfs_drm = sysfs_drm
         self.source_kind: str | None = None
@@ -184,6 +208,24 @@ class KernelWatcher:
                 return False
             await asyncio.sleep(poll_s)
 
+    async def settle(self, ctx: IncarnationContext, pids: list[int], max_s: float | None = None) -> bool:
+        """Wait (at most `max_s`, default `settle_s` seconds) for a crash record (segfault, trap,
+        OOM kill) of this incarnation's processes, called by the supervisor while capturing when
+        `pids` died by a signal the kernel logs. The kernel may print the record a few ms after
+        the exit was seen, and the watch reads it on its next wake-up (kmsg/journalctl: at once;
+        file: every 50 ms). True when one is (or was already) recorded; False at once when the
+        watch is not reading (no source, not running), else False after the wait."""
+        if not pids or not self._reading or self._crash_seen is None:
+            return False
+        if self._crash_seen.is_set():
+            return True
+        limit = self.settle_s if max_s is None else max_s
+        try:
+            await asyncio.wait_for(self._crash_seen.wait(), limit)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     def recent_gpu_faults(self, within_s: float) -> list[Event]:
         """GPU fault events seen in the last `within_s` seconds (oldest first)."""
         now = time.monotonic()
@@ -194,6 +236,8 @@ class KernelWatcher:
     async def run(self, ctx: IncarnationContext) -> None:
         if not self.cfg.enabled:
             return
+        self.crash_pids = set()
+        self._crash_seen = asyncio.Event()
         since = ctx.started_at - self.cfg.lookback_s
         src = await asyncio.to_thread(
             ksrc.open_source, self.cfg.source, self.cfg.path, since, self.last_seq, self.kmsg_path
@@ -210,6 +254,7 @@ class KernelWatcher:
         corr = ksrc.Correlator(ctx.started_at)
         corr.update(ctx.processes)
         refresher = asyncio.get_running_loop().create_task(self._refresh(ctx, corr))
+        self._reading = True
         try:
             async for rec in src.records():
                 self._take(rec, src, ctx, corr)
@@ -220,6 +265,7 @@ class KernelWatcher:
                 self._take(rec, src, ctx, corr)
             raise
         finally:
+            self._reading = False
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
@@ -236,9 +282,11 @@ class KernelWatcher:
 
     async def _refresh(self, ctx: IncarnationContext, corr: ksrc.Correlator) -> None:
         # Cache comm/NSpid while processes are alive: a crashed one's /proc entry is gone by the time its record is read.
+        # Once ready the tree is known (late finds also reach corr.update through _take): a slower
+        # pace keeps the idle supervisor cheap.
         while True:
             corr.update(ctx.processes)
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25 if ctx.ready_at is None else 2.0)
 
     def _device_ranks(self, ctx: IncarnationContext) -> tuple[dict[str, int], str]:
         mask = None
@@ -310,6 +358,9 @@ class KernelWatcher:
         if c.ours and is_crash_record(ev) and (wall is None or wall >= ctx.started_at - 2.0):
             who = ev.process or "process"
             pid = c.info.pid if c.info is not None else ev.pid
+            self.crash_pids.add(pid)
+            if self._crash_seen is not None:
+                self._crash_seen.set()
             ctx.fail(
                 Trigger(
                     kind="kernel",
@@ -340,41 +391,15 @@ def _read_environ(pid: int) -> dict[str, str] | None:
 
 
 class _LineFed:
-    """Engine output lines for a watcher: `on_line` from the supervisor's hook, or, while the
-    supervisor has not called it (an older supervisor), a tail of `ctx.log_dir/vllm.log` (the log
-    pump writes it unbuffered). Once the hook has delivered a line, the tail is never used again."""
-
-    _hooked = False
+    """Engine output lines for a watcher, from the supervisor's line hook: it calls `on_line` for
+    every line on the log pump's writer thread (so `on_line` must be cheap and thread-safe)."""
 
     def on_line(self, line: str, file: str | None = None, lineno: int | None = None) -> None:
         """Feed one engine output line (called by the supervisor for every line; cheap, non-blocking)."""
-        self._hooked = True
         self._line(line)
 
     def _line(self, line: str) -> None:
         raise NotImplementedError
-
-    async def _tail_log(self, ctx: IncarnationContext) -> None:
-        log_dir = getattr(ctx, "log_dir", None)
-        if self._hooked or log_dir is None:
-            return
-        src = ksrc.FileSource(Path(log_dir) / "vllm.log", since_wall=None, poll_s=0.1, from_start=True)
-        async for rec in src.records():
-            if self._hooked:
-                return
-            self._line(rec.line)
-
-    def _start_tail(self, ctx: IncarnationContext) -> asyncio.Task[None] | None:
-        if self._hooked or getattr(ctx, "log_dir", None) is None:
-            return None
-        return asyncio.get_running_loop().create_task(self._tail_log(ctx))
-
-
-async def _cancel(task: asyncio.Task[Any] | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
 
 
 StackDumper = Callable[[list[int], float], dict[int, str]]
@@ -417,6 +442,7 @@ class HangWatcher(_LineFed):
         self.dump = dump or _default_dumper
         self.stats = prog.StatsLineProgress(self.cfg.after_s)
         self.last_verdict: prog.HangVerdict | None = None
+        self._stats_lock = threading.Lock()  # on_line runs on the log pump's writer thread
 
     def _line(self, line: str) -> None:
         # the periodic stats line is the fallback progress signal
@@ -424,27 +450,27 @@ class HangWatcher(_LineFed):
             return
         st = prog.parse_stats_line(line)
         if st is not None:
-            self.stats.observe(time.monotonic(), st, time.time())
+            with self._stats_lock:
+                self.stats.observe(time.monotonic(), st, time.time())
 
     async def run(self, ctx: IncarnationContext) -> None:
         if not self.cfg.enabled:
             return
-        tail = self._start_tail(ctx)
-        try:
-            await self._watch(ctx)
-        finally:
-            await _cancel(tail)
+        await self._watch(ctx)
 
     async def _watch(self, ctx: IncarnationContext) -> None:
         import httpx
 
         while ctx.ready_at is None:
+            if _failed(ctx):
+                return
             await asyncio.sleep(0.1)
         e = self.config.engine
         base = engine_base_url(e.host, e.port)
         interval = self.cfg.metrics_interval_s
         metrics = prog.MetricsProgress(self.cfg.after_s)
-        self.stats = prog.StatsLineProgress(self.cfg.after_s)
+        with self._stats_lock:
+            self.stats = prog.StatsLineProgress(self.cfg.after_s)
         metrics_ok_at: float | None = None
         last_canary = time.monotonic()
         canary_task: asyncio.Task[prog.CanaryResult] | None = None
@@ -461,11 +487,13 @@ class HangWatcher(_LineFed):
                         metrics_ok_at = now
                         verdict = metrics.observe(now, sample, time.time())
                     elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
-                        verdict = self.stats.check(now)
+                        with self._stats_lock:
+                            verdict = self.stats.check(now)
                     if metrics_ok_at is not None and now - metrics_ok_at <= 3 * interval:
                         idle = metrics.idle
                     else:
-                        idle = self.stats.idle or self.stats.last is None
+                        with self._stats_lock:
+                            idle = self.stats.idle or self.stats.last is None
                     if canary_task is not None and canary_task.done():
                         res = canary_task.result()
                         canary_task = None
@@ -494,6 +522,8 @@ class HangWatcher(_LineFed):
                                 e.api_key,
                             )
                         )
+                    if _failed(ctx):
+                        return
                     if verdict is not None:
                         await self._on_hang(ctx, verdict)
                         return
@@ -577,10 +607,11 @@ class StartupWatcher(_LineFed):
                 self._fed = False
         stall_s = self.config.supervision.startup.stall_s
         tick = min(1.0, stall_s / 10)
-        tail = self._start_tail(ctx)
         try:
-            while ctx.ready_at is None:
+            while ctx.ready_at is None and not _failed(ctx):
                 await asyncio.sleep(tick)
+                if _failed(ctx):
+                    return
                 with self._lock:
                     t = self.tracker
                     if t is None:
@@ -605,7 +636,6 @@ class StartupWatcher(_LineFed):
                     )
                     return
         finally:
-            await _cancel(tail)
             with self._lock:
                 self.tracker = None
 

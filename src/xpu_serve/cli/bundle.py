@@ -2,10 +2,11 @@
 take a diagnostic bundle now (an operator's snapshot; nothing is stopped or restarted).
 
 How: when a supervisor holds RUNTIME's lock, the command drops a request file in
-RUNTIME/requests/ (`xpu_serve.bundle.request_bundle`); the supervisor's `BundleRequestWatcher`
-takes it within about half a second and writes the bundle from its live incarnation (its
+RUNTIME/requests/ (`xpu_serve.bundle.request_bundle`) and sends SIGUSR1 to the supervisor (pid
+from the lock); the supervisor's `BundleRequestWatcher` takes it at once and writes the bundle from its live incarnation (its
 config, processes, logs; `py-spy` stacks of every live process). When no supervisor runs, when
-it does not take the request within 3 s (between incarnations, or a supervisor without the
+it does not take the request within 3 s (13 s when the signal could not be sent: the
+supervisor's slow scan runs every 10 s) (between incarnations, or a supervisor without the
 watcher), or with `--standalone`, the command writes the bundle itself from RUNTIME/state.json,
 /proc and the config given with `-c` (without `-c`, bundle defaults apply and config.yaml says so).
 
@@ -17,6 +18,7 @@ config or arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -162,7 +164,15 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"{runtime_dir}: cannot drop a bundle request: {e.strerror}; writing it here", file=sys.stderr)
         else:
-            ans = bundle.wait_for_answer(req, ACK_TIMEOUT_S, wait_s)
+            spid = holder
+            if spid <= 0:  # lock held but its pid unreadable: state.json names the supervisor
+                with contextlib.suppress(ValueError, OSError, AttributeError):
+                    spid = int((read_state(runtime_dir) or {}).get("supervisor_pid") or 0)
+            woke = bundle.wake_supervisor(spid)
+            # not woken (signal refused): its slow scan finds the request; an older supervisor
+            # that does not catch SIGUSR1 (woke is None) polls every 0.5 s
+            ack_s = ACK_TIMEOUT_S if woke is not False else ACK_TIMEOUT_S + bundle.SLOW_SCAN_S
+            ans = bundle.wait_for_answer(req, ack_s, max(wait_s, ack_s))
             if ans is not None:
                 ans["taken_by"] = f"supervisor pid {holder}"
                 return _print_result(ans, args.json)

@@ -105,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{_t(st['next_restart_at'])} (in {max(0.0, st['next_restart_at'] - time.time()):.1f} s)",
             )
         )
+    kw = st.get("kernel_watch")
+    if isinstance(kw, dict):  # KernelWatcher.source_status(), written by the supervisor
+        if kw.get("source") and kw.get("source") != "none":
+            kv = str(kw["source"]) + (f" ({kw['reason']})" if kw.get("reason") else "")
+            if kw.get("overruns"):
+                kv += f"; {kw['overruns']} ring-buffer overrun(s)"
+        elif kw.get("reason"):
+            kv = f"off: {kw['reason']}"
+        else:
+            kv = "not started yet"
+        rows.append(("kernel watch", kv))
     li = st.get("last_incident")
     if li:
         rows.append(("last incident", f"{li.get('cause')} at {_t(li.get('time'))}"))

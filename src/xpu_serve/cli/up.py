@@ -9,7 +9,6 @@ runtime directory cannot be used. States, signals and clean-up: docs/supervision
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -41,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from xpu_serve.state import EVENTS_FILE, LockedError
     from xpu_serve.supervisor import EventLog, run_supervisor
 
-    # configs/demo.yaml runs the simulator with ${XPU_SERVE_PYTHON}: our own interpreter by default
-    os.environ.setdefault("XPU_SERVE_PYTHON", sys.executable)
     try:
         cfg = load_config(args.config)
     except ConfigError as e:

@@ -1,0 +1,192 @@
+"""Supervisor integration pieces without a whole `up`: the kernel watcher's settle (a real file
+source and a real process), fatal lines from the signature table, XPU_SERVE_PYTHON in config
+loading for every command, the bundle-request wake-up by signal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from xpu_serve import bundle as bundle_mod
+from xpu_serve.config import interpolate, load_config
+from xpu_serve.diagnosis import Analyzer
+from xpu_serve.incarnation import ProcessInfo
+from xpu_serve.sim.kernel import segfault_records, write_records
+from xpu_serve.supervisor import _is_fatal
+from xpu_serve.watchers import KernelWatcher
+
+from .test_kernel_source import Ctx, make_config, spawn_with_comm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kernel_settle_waits_for_a_late_segfault_record(tmp_path: Path) -> None:
+    path = tmp_path / "kernel.log"
+    path.write_text("")
+    cfg = make_config(source="file", path=str(path))
+    worker = spawn_with_comm("VLLM::Worker_TP")
+    kw = KernelWatcher(cfg, sysfs_drm=str(tmp_path / "no-drm"), settle_s=3.0)
+    ctx = Ctx(cfg, started_at=time.time() - 1)
+    ctx.processes[worker.pid] = ProcessInfo("Worker_TP2", worker.pid, rank=2)
+    try:
+
+        async def main() -> tuple[bool, float, bool, float]:
+            task = asyncio.ensure_future(kw.run(ctx))
+            await asyncio.sleep(0.3)  # the watch caches the worker's comm while it lives
+            worker.kill()
+            worker.wait()
+            # the kernel prints the record 0.4 s after the exit was seen
+            threading.Timer(
+                0.4, write_records, (str(path), segfault_records("VLLM::Worker_TP", worker.pid, 7))
+            ).start()
+            t0 = time.monotonic()
+            got = await kw.settle(ctx, [worker.pid])
+            waited = time.monotonic() - t0
+            # nothing more comes: a second incarnation-less wait gives up after max_s
+            t1 = time.monotonic()
+            again = await kw.settle(ctx, [worker.pid], max_s=0.2)  # already seen: at once
+            again_s = time.monotonic() - t1
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return got, waited, again, again_s
+
+        got, waited, again, again_s = asyncio.run(main())
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert got is True and 0.3 < waited < 2.5, waited
+    assert again is True and again_s < 0.1
+    seg = [e for e in ctx.records if "segfault at" in e.text]
+    assert len(seg) == 1 and seg[0].rank == 2 and seg[0].process == "Worker_TP2"
+    assert kw.crash_pids == {worker.pid}
+
+
+def test_kernel_settle_gives_up_after_settle_s_and_when_not_reading(tmp_path: Path) -> None:
+    path = tmp_path / "kernel.log"
+    path.write_text("")
+    cfg = make_config(source="file", path=str(path))
+    kw = KernelWatcher(cfg, settle_s=0.3)
+    ctx = Ctx(cfg)
+
+    async def main() -> tuple[bool, float, bool]:
+        before = await kw.settle(ctx, [1])  # not running: nothing to wait for
+        task = asyncio.ensure_future(kw.run(ctx))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        got = await kw.settle(ctx, [1])
+        waited = time.monotonic() - t0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return before, waited, got
+
+    before, waited, got = asyncio.run(main())
+    assert before is False and got is False
+    assert 0.25 <= waited < 2.0, waited
+    off = KernelWatcher(make_config(source="none"), settle_s=5.0)
+
+    async def off_main() -> tuple[bool, float]:
+        task = asyncio.ensure_future(off.run(Ctx(off.config)))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        r = await off.settle(Ctx(off.config), [1])
+        await asyncio.gather(task, return_exceptions=True)
+        return r, time.monotonic() - t0
+
+    r, t = asyncio.run(off_main())
+    assert r is False and t < 0.5
+    assert off.source_status()["source"] == "none"
+    assert "source: none" in str(off.source_status()["reason"])
+
+
+def test_fatal_lines_come_from_the_signature_table() -> None:
+    an = Analyzer()
+    fatal = an.feed_line(
+        "(EngineCore_DP0 pid=2390) ERROR 11-06 19:52:03 [core.py:708] EngineCore encountered a fatal error."
+    )
+    assert fatal is not None and _is_fatal(an, fatal)
+    assert an.table.by_id[fatal.signature].extra.get("fatal") is True
+    not_fatal = an.feed_line(
+        "(EngineCore_DP0 pid=2390) ERROR 11-06 19:52:03 [core.py:718] RuntimeError: Native API failed. "
+        "Native API returns: 20 (UR_RESULT_ERROR_DEVICE_LOST)"
+    )
+    assert not_fatal is not None and not _is_fatal(an, not_fatal)
+    assert not _is_fatal(an, None)
+    fatal_ids = {sid for sid, sig in an.table.by_id.items() if sig.extra.get("fatal")}
+    assert {"engine-core-fatal", "engine-dead-error", "engine-core-failed-start"} <= fatal_ids
+
+
+def _env_without_python() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("XPU_SERVE_PYTHON", None)
+    return env
+
+
+def test_xpu_serve_python_defaults_to_our_interpreter_in_every_command(tmp_path: Path) -> None:
+    saved = os.environ.pop("XPU_SERVE_PYTHON", None)
+    try:
+        assert interpolate("${XPU_SERVE_PYTHON:-python3}") == (sys.executable, [])
+        assert interpolate("${XPU_SERVE_PYTHON}") == (sys.executable, [])
+        # an explicit environment mapping sees only itself
+        assert interpolate("${XPU_SERVE_PYTHON:-python3}", {}) == ("python3", [])
+        cfg = load_config(ROOT / "configs" / "demo.yaml")
+        assert cfg.engine.command[0] == sys.executable
+    finally:
+        if saved is not None:
+            os.environ["XPU_SERVE_PYTHON"] = saved
+    env = _env_without_python()
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "render", "-c", str(ROOT / "configs" / "demo.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"\n{sys.executable} -m xpu_serve.sim serve" in r.stdout, r.stdout
+    assert "\npython3 -m" not in r.stdout
+    env["XPU_SERVE_PYTHON"] = "/opt/other/python"
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "render", "-c", str(ROOT / "configs" / "demo.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "\n/opt/other/python -m xpu_serve.sim" in r.stdout, r.stdout + r.stderr
+
+
+def test_wake_supervisor_only_signals_a_process_that_catches_sigusr1() -> None:
+    code = (
+        "import signal, sys, time\n"
+        "got = []\n"
+        "if sys.argv[1] == 'catch':\n"
+        "    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n"
+        "print('ok', flush=True)\n"
+        "t = time.monotonic()\n"
+        "while not got and time.monotonic() - t < 20: time.sleep(0.01)\n"
+        "print('woken' if got else 'timeout', flush=True)\n"
+    )
+    catcher = subprocess.Popen([sys.executable, "-c", code, "catch"], stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen([sys.executable, "-c", code, "plain"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert catcher.stdout is not None and catcher.stdout.readline() == "ok\n"
+        assert plain.stdout is not None and plain.stdout.readline() == "ok\n"
+        assert bundle_mod.catches_signal(catcher.pid, signal.SIGUSR1) is True
+        assert bundle_mod.catches_signal(plain.pid, signal.SIGUSR1) is False
+        assert bundle_mod.wake_supervisor(catcher.pid) is True
+        assert catcher.stdout.readline() == "woken\n"
+        assert bundle_mod.wake_supervisor(plain.pid) is None  # not sent: it would have died
+        time.sleep(0.1)
+        assert plain.poll() is None
+        assert bundle_mod.wake_supervisor(None) is False and bundle_mod.wake_supervisor(-1) is False
+    finally:
+        for p in (catcher, plain):
+            p.kill()
+            p.wait()
