@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from xpu_serve.events import parse_kernel_record
 from xpu_serve.report import format_ranks, render_text
 
 CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+BUNDLE = Path(__file__).resolve().parent / "fixtures" / "bundles" / "demo-tp4-worker0-segv"
 
 
 def diagnose(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -109,7 +111,7 @@ def test_human_report_one_screen() -> None:
 def test_report_for_hang_and_stall() -> None:
     inc = diagnose_files([CASES / "glm47-flash-engine-hang" / "vllm.log"])
     text = render_text(inc)
-    assert "HANG: last progress 04-14 23:00:33; detected 04-14 23:32:27" in text
+    assert "HANG: last progress 04-14 23:00:33; detected at 04-14 23:32:27 by vLLM execute-model RPC timeout" in text
     assert "31m54s" in text
     inc = diagnose_files([CASES / "qwen3-30b-startup-stall" / "vllm.log"])
     assert inc.startup is not None and inc.startup["missing_ranks"] == [1]
@@ -158,7 +160,11 @@ def test_live_analyzer_with_facts_and_kernel_records() -> None:
     assert any("matches the logged pid" in n for n in inc.notes)
     contract = inc.to_contract()
     json.dumps(contract)
-    assert {c["signature"] for c in contract["consequences"]} >= {"process-killed-by-signal"}
+    # the supervisor's exit fact of the crashing worker is evidence of the root, not a consequence
+    assert "process-killed-by-signal" not in {c["signature"] for c in contract["consequences"]}
+    assert [e["signature"] for e in contract["root"]["evidence"]] == ["process-killed-by-signal"]
+    assert inc.summary.startswith("Worker_TP0 (rank 0, pid 4242) was killed by SIGSEGV inside the GPU driver library")
+    assert not inc.summary.endswith(".")
 
 
 def test_live_hang_and_startup_stall_facts() -> None:
@@ -448,3 +454,135 @@ def test_unmatched_shell_glob_is_ignored(tmp_path: Path) -> None:
     assert v["cause"] == "process-crash" and any("*.txt" in n for n in v["notes"])
     out = diagnose(str(tmp_path / "*.nothing"))
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------- bundles, many files
+def test_bundle_directory_reads_vllm_log_and_kernel_log(tmp_path: Path) -> None:
+    b = tmp_path / "20261130T100111Z-i1-process-crash"
+    shutil.copytree(BUNDLE, b)
+    whole = diagnose("--json", str(b))
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+    got = json.loads(whole.stdout)
+    files = diagnose("--json", str(b / "logs" / "vllm.log"), str(b / "kernel.log"))
+    ref = json.loads(files.stdout)
+    assert got == ref  # the per-process copies are not read
+    assert got["cause"] == "process-crash"
+    assert (got["root"]["process"], got["root"]["rank"], got["root"]["pid"]) == ("Worker_TP0", 0, 9135)
+    assert got["summary"] == (
+        "Worker_TP0 (rank 0, pid 9135) was killed by SIGSEGV at 11-30 10:01:10; 36 lines followed as consequences"
+    )
+    text = diagnose(str(b))
+    assert text.returncode == 0 and text.stdout.startswith("VERDICT: process-crash — Worker_TP0 (rank 0, pid 9135)")
+    # the bundle's kernel.log (dmesg --time-format iso) is read too
+    (b / "kernel.log").write_text(
+        "2026-11-30T10:01:10,120000+00:00 VLLM::Worker_TP[9135]: segfault at 58619acc8 ip 0000762f1beff168 "
+        "sp 00007ffd3b90f940 error 4 in libze_intel_gpu.so.1.14.37020[6ff168,762f1b800000+9d4000]\n"
+    )
+    k = json.loads(diagnose("--json", str(b)).stdout)
+    assert k["cause"] == "umd-segfault" and k["library"] == "libze_intel_gpu.so.1.14.37020"
+    assert (k["root"]["process"], k["root"]["pid"]) == ("Worker_TP0", 9135)
+    assert "fatal-python-error" in {e["signature"] for e in k["root"]["evidence"]}
+    # any other directory: one line, exit 2
+    other = tmp_path / "plain"
+    (other / "logs").mkdir(parents=True)
+    out = diagnose(str(other))
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
+    assert "is a directory" in out.stderr and "plain" in out.stderr
+
+
+def test_bundle_inputs_rotations_oldest_first(tmp_path: Path) -> None:
+    from xpu_serve.cli.diagnose import bundle_inputs
+
+    b = tmp_path / "b"
+    (b / "logs" / "2").mkdir(parents=True)
+    (b / "logs" / "10").mkdir(parents=True)
+    for rel in ("logs/2/vllm.log", "logs/2/vllm.log.1", "logs/2/vllm.log.2", "logs/2/Worker_TP0.log",
+                "logs/10/vllm.log", "kernel.log", "incident.json"):
+        (b / rel).write_text("x\n")
+    assert bundle_inputs(b) == [str(b / p) for p in (
+        "logs/2/vllm.log.2", "logs/2/vllm.log.1", "logs/2/vllm.log", "logs/10/vllm.log", "kernel.log")]
+    assert bundle_inputs(tmp_path) is None  # no incident.json/bundle.json and logs/
+    # a bundle without vllm.log: its per-process logs (their repeats are counted once)
+    c = tmp_path / "c"
+    (c / "logs").mkdir(parents=True)
+    (c / "bundle.json").write_text("{}")
+    (c / "logs" / "Worker_TP0.log").write_text("x\n")
+    assert bundle_inputs(c) == [str(c / "logs" / "Worker_TP0.log")]
+
+
+def test_lines_repeated_across_files_count_once() -> None:
+    """A bundle's logs/* (vllm.log plus per-process copies of its lines): same verdict and the
+    same consequence counts as vllm.log alone; the worker's own faulthandler dump is not listed."""
+    alone = diagnose_files([BUNDLE / "logs" / "vllm.log"])
+    every = diagnose_files(sorted((BUNDLE / "logs").iterdir()))
+    assert every.cause == alone.cause == "process-crash"
+    assert every.root is not None and alone.root is not None
+    assert (every.root["process"], every.root["pid"]) == (alone.root["process"], alone.root["pid"])
+
+    def counts(inc: object) -> dict[tuple[str, object], int]:
+        out: dict[tuple[str, object], int] = {}
+        for c in inc.consequences:  # type: ignore[attr-defined]
+            k = (c["signature"], c["rank"])
+            out[k] = out.get(k, 0) + c["count"]
+        return out
+
+    assert counts(every) == counts(alone)
+    assert sum(counts(alone).values()) == 36
+    assert "fatal-python-error" not in {c["signature"] for c in every.consequences}
+    # repeats inside one file are real repeats: two copies of a 3-line file count 3, not 6 or 1
+    an = Analyzer()
+    an.dedup = True
+    line = "2026:11:30-10:01:10: 9136:[1] |CCL_ERROR| internal_kvs_server.hpp:70 put: read/write error: Broken pipe"
+    for f in ("a.log", "b.log"):
+        for i in range(3):
+            an.feed_line(line, f, i + 1)
+    inc = an.incident()
+    assert sum(c["count"] for c in inc.consequences) == 3 and an.duplicates == 3
+
+
+def test_live_summary_names_the_signal_and_keeps_the_dump_with_the_root() -> None:
+    """The demo's live analysis (vllm.log as the supervisor reads it plus its process facts):
+    one plain sentence without a final period, naming process, rank, pid and the signal."""
+    sup = json.loads((BUNDLE / "incident.json").read_text())["supervisor"]
+    procs = {p["name"]: p for p in sup["processes"]}
+    at = float(sup["trigger"]["at"])
+    an = Analyzer()
+    lines = (BUNDLE / "logs" / "vllm.log").read_text().split("\n")
+    for i, line in enumerate(lines, 1):
+        an.feed_line(line, "vllm.log", i)
+        if "died unexpectedly" in line:
+            p = procs["Worker_TP0"]
+            an.add_event(facts.process_exit(p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at))
+    for k, p in enumerate(p for p in procs.values() if p["name"] != "Worker_TP0"):
+        an.add_event(facts.process_exit(p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at + 1 + k / 10))
+    inc = an.incident()
+    assert inc.cause == "process-crash"
+    assert re.fullmatch(
+        r"Worker_TP0 \(rank 0, pid 9135\) was killed by SIGSEGV at \d\d-\d\d \d\d:\d\d:\d\d; 41 lines followed as consequences",
+        inc.summary,
+    ), inc.summary
+    sigs = {c["signature"] for c in inc.consequences}
+    assert "fatal-python-error" not in sigs and ("process-killed-by-signal", 0) not in {
+        (c["signature"], c["rank"]) for c in inc.consequences
+    }
+    assert ("process-killed-by-signal", 1) in {(c["signature"], c["rank"]) for c in inc.consequences}
+    ev = {e["signature"] for e in inc.root_evidence}
+    assert {"process-killed-by-signal", "worker-died-unexpectedly"} <= ev
+    assert ".;" not in f"{inc.summary}; bundle /x"  # the supervisor appends "; bundle PATH"
+    text = render_text(inc)
+    assert "killed by SIGSEGV" in text and "\n  also vllm.log:" in text
+    assert any(t["role"] == "evidence" for t in inc.timeline)
+
+
+def test_report_wraps_long_text_instead_of_cutting() -> None:
+    from xpu_serve.diagnosis import Incident
+    from xpu_serve.report import WIDTH
+
+    note = "kernel pid 8335 (VLLM::Worker_TP) matches no pid in the vLLM log (another pid namespace, " * 3
+    inc = Incident(cause="process-crash", summary="Worker_TP0 (rank 0) was killed by SIGSEGV " * 4, notes=[note])
+    text = render_text(inc)
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    body = text.split("NOT SETTLED:")[1]
+    assert "…" not in body
+    assert " ".join(body.split()).startswith("- " + " ".join(note.split()))
+    assert " ".join(text.split("\n\n")[0].split()).endswith("was killed by SIGSEGV.")

@@ -47,7 +47,7 @@ def test_not_secret_names(name: str) -> None:
         ("--hf-token=bar", "--hf-token=***"),
         ("Authorization: Bearer abc.def", "Authorization: ***"),
         ('curl -H "Authorization: Bearer xyz" http://h', 'curl -H "Authorization: ***" http://h'),
-        ("api_key: hello", "api_key: ***"),
+        ("api_key: hello", "api_key: hello"),  # bare `name: value` in free text: not a shape (see below)
         ("Namespace(api_key='s3', x=1)", "Namespace(api_key='***', x=1)"),
         ("Avg prompt throughput: 3.0 tokens/s, tokenizer: /models/x", "Avg prompt throughput: 3.0 tokens/s, tokenizer: /models/x"),
         ("--api-key\nnext line", "--api-key\nnext line"),  # never reaches across lines
@@ -94,3 +94,78 @@ def test_json_stays_json() -> None:
     red = Redactor().text(json.dumps(doc, indent=2))
     back = json.loads(red)
     assert back == {"api_key": None, "secret": MASK, "hf_token": MASK, "token_count": 3, "nested": {"password": True}}
+
+
+ONECCL = "2026:11:30-10:01:10: 9136:[1] |CCL_ERROR| internal_kvs.cpp:94 kvs_remove_name_key: client: remove_key"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ONECCL,
+        "vllm-service  | 2026:09:04-19:19:08:(  192) |CCL_ERROR| internal_kvs.cpp:94 kvs_remove_name_key: client: remove_key",
+        "cache_key: 0x7f12 evicted",
+        "routing_key=abc123 mode=x",
+        "sort_key: lambda",
+        "authorization failed: token expired",
+        "max_num_batched_tokens=8192 tokenizer: /models/x",
+    ],
+)
+def test_free_text_keeps_non_secrets(line: str) -> None:
+    """Words ending in _key followed by ': value' (oneCCL's KVS) are evidence, not secrets."""
+    assert Redactor().text(line) == line
+    assert Redactor().bytes(line.encode()) == line.encode()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # environment variable assignments (upper-case names)
+        ("docker run -e HF_TOKEN=hf_realAbc123 img", "docker run -e HF_TOKEN=*** img"),
+        ("export VLLM_API_KEY='sk-live-998877'", "export VLLM_API_KEY='***'"),
+        ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG x", "AWS_SECRET_ACCESS_KEY=*** x"),
+        # flags
+        ("args: vllm serve m --api-key sk-live-998877 --port 8000", "args: vllm serve m --api-key *** --port 8000"),
+        ("--hf-token=hf_realAbc123 --tp 4", "--hf-token=*** --tp 4"),
+        # headers
+        ("Authorization: Bearer sk-live-998877", "Authorization: ***"),
+        ("Proxy-Authorization: Basic dXNlcjpwYXNz", "Proxy-Authorization: ***"),
+        ("X-API-Key: sk-live-998877", "X-API-Key: ***"),
+        ('curl -H "x-api-key: sk-live-998877" http://127.0.0.1:8000', 'curl -H "x-api-key: ***" http://127.0.0.1:8000'),
+        # quoted keys: JSON and Python dict reprs
+        ('{"hf_token": "hf_realAbc123", "model": "m"}', '{"hf_token": "***", "model": "m"}'),
+        ('{"api_key": 12345678}', '{"api_key": "***"}'),
+        ("non-default args: {'api_key': 'sk-live-998877', 'tensor_parallel_size': 4}",
+         "non-default args: {'api_key': '***', 'tensor_parallel_size': 4}"),
+        # Python keyword repr with a quoted value (vLLM v0's `args: Namespace(...)`)
+        ("args: Namespace(api_key='sk-live-998877', port=8000)", "args: Namespace(api_key='***', port=8000)"),
+    ],
+)
+def test_free_text_masks_real_secrets_in_each_shape(text: str, expected: str) -> None:
+    assert Redactor().text(text) == expected
+
+
+def test_known_values_anywhere_in_free_text() -> None:
+    """A secret from the config/env/argv is masked in any context, even after a bare `word_key:`."""
+    known = secrets_in_argv(["vllm", "serve", "--api-key", "sk-ARGV-0b9d3e"]) + secrets_in_env(
+        {"HF_TOKEN": "hf_ENV_77c2d1"}
+    )
+    r = Redactor(known)
+    log = (
+        f"{ONECCL}\n"
+        "retry_key: sk-ARGV-0b9d3e\n"
+        "GET /v1/models?token=hf_ENV_77c2d1 HTTP/1.1\n"
+    )
+    assert r.text(log) == f"{ONECCL}\nretry_key: ***\nGET /v1/models?token=*** HTTP/1.1\n"
+
+
+def test_structured_text_keeps_key_rules() -> None:
+    """env files and YAML (structured=True) mask `name: value` / `name=value` of any secret name."""
+    r = Redactor()
+    yaml_text = "engine:\n  api_key: sk-cfg-1234\n  max_num_batched_tokens: 8192\nhf_token=abc123\n"
+    assert r.text(yaml_text, structured=True) == (
+        "engine:\n  api_key: ***\n  max_num_batched_tokens: 8192\nhf_token=***\n"
+    )
+    assert r.bytes(b"HF_TOKEN: x1y2z3\n", structured=True) == b"HF_TOKEN: ***\n"
+    # the same text as a log: only the unambiguous shapes
+    assert r.text(yaml_text) == yaml_text

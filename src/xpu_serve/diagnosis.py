@@ -75,6 +75,50 @@ _EXIT_SIG = {
     "-15": "SIGTERM",
     "-4": "SIGILL",
 }
+# how crash dumps name the signal (CPython faulthandler: Python/faulthandler.c `faulthandler_handlers`;
+# tvm-ffi's "!!!!!!! Segfault encountered !!!!!!!"; the kernel's "segfault at")
+_SIGNAME = {
+    "segmentation fault": "SIGSEGV",
+    "segfault": "SIGSEGV",
+    "aborted": "SIGABRT",
+    "abort": "SIGABRT",
+    "bus error": "SIGBUS",
+    "floating point exception": "SIGFPE",
+    "illegal instruction": "SIGILL",
+}
+# lines that record the death of one process: when they are about the root's process they are
+# evidence of the root (its own dump, the supervisor's exit fact, EngineCore's report), not consequences
+_DEATH_EVIDENCE = frozenset(
+    {
+        "fatal-python-error",
+        "native-crash-dump",
+        "process-killed-by-signal",
+        "process-exited",
+        "coredump-dumped",
+        "coredump-frame-umd",
+        "worker-died-unexpectedly",
+        "worker-died-v0",
+        "kernel-oom-killed",
+    }
+)
+_UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
+
+
+def death_signal(ev: Event) -> str | None:
+    """The signal a death record names, as "SIGSEGV"..., or None: the supervisor's exit fact
+    (`extra["signal"]`), a crash dump's signal text ("Segmentation fault"), a negative exit code."""
+    for k in ("signal", "signame"):
+        v = ev.extra.get(k)
+        if isinstance(v, str) and v:
+            if v.upper().startswith("SIG"):
+                return v.upper()
+            got = _SIGNAME.get(v.strip().lower())
+            if got:
+                return got
+    code = ev.extra.get("exit_code")
+    if code is not None:
+        return _EXIT_SIG.get(str(code))
+    return None
 
 
 def normalize_process(name: str | None, rank: int | None = None) -> str | None:
@@ -135,11 +179,18 @@ class _Group:
 class Incident:
     """The verdict: cause id, root event, consequences, timeline, hang facts, notes.
 
+    `summary` is one plain sentence without a final period (callers append "; bundle PATH"):
+    process, rank, pid, what happened (the signal when known), when, and how many lines followed.
+    `root["evidence"]` (also `root_evidence`) lists the other records of the root's own death
+    (its crash dump, the supervisor's exit fact, EngineCore's report, the next frames of its crash
+    stack): {signature, label, time, file, line, text}; they are not counted as consequences, and
+    the timeline marks them with role "evidence".
+
     `to_contract()` gives the `--json` verdict contract of /work/shared/cases/README.md.
     """
 
     cause: str = "unknown"
-    summary: str = "Nothing in the input supports a verdict."
+    summary: str = "Nothing in the input supports a verdict"
     root: dict[str, Any] | None = None
     consequences: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -149,6 +200,7 @@ class Incident:
     meaning: str = ""
     advice: str = ""
     root_label: str | None = None
+    root_evidence: list[dict[str, Any]] = field(default_factory=list)
     consequence_groups: list[dict[str, Any]] = field(default_factory=list)
     startup: dict[str, Any] | None = None
     lines_read: int = 0
@@ -174,6 +226,7 @@ class Analyzer:
     Use: `feed_line(line, file, lineno)` for every line (vLLM output, oneCCL, kernel records in
     any format, crash dumps), `add_event(event)` for facts (xpu_serve.facts) and kernel records
     already parsed (`events.parse_kernel_record`), then `incident()` (may be called repeatedly).
+    Set `dedup = True` before feeding several files of one incident (see `diagnose_files`).
     Not thread-safe: feed from one thread or task.
     """
 
@@ -215,6 +268,14 @@ class Analyzer:
         self._last_line: dict[str, str] = {}
         self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
         self._tb_check = 0
+        # (text, pid, time) of classified lines -> {file: times seen}: the same line read from two
+        # files of one incident (a bundle's vllm.log and its per-process copies) counts once
+        self._seen: dict[tuple[str, int | None, str | None], dict[str, int]] = {}
+        self._seen_untimed: dict[tuple[str, int | None, str | None], Event] = {}
+        self.duplicates = 0
+        # on when several files of one incident are fed (diagnose_files with 2+ paths); a single
+        # stream (the live log) has no copies and skips the bookkeeping (about 10% of the time)
+        self.dedup = False
 
     def is_fatal(self, event: Event) -> bool:
         """True when vLLM is dead or exiting after this classified line (rows with `fatal: true`:
@@ -525,6 +586,8 @@ class Analyzer:
                 self._what_line(ev, file, lineno, None)
             return None
         sig, mt = m
+        if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
+            return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
         gd = mt.groupdict()
         for k, v in gd.items():
@@ -584,6 +647,31 @@ class Analyzer:
         else:
             self._add_consequence(ev, sig)
         return sig
+
+    def _duplicate(self, ev: Event, file: str) -> bool:
+        """True when this line (same text after wrappers, same pid, same own time stamp) was
+        already read from another file as often as it has now been seen in this one: the
+        occurrences of a line count as the most any single file holds (repeats within one file
+        are real repeats; copies in other files are not)."""
+        key = (ev.text.strip(), ev.pid, ev.time_text)
+        per_file = self._seen.get(key)
+        if per_file is None:
+            if len(self._seen) < 200_000:
+                self._seen[key] = {file: 1}
+                if ev.time_text is None and len(self._seen_untimed) < 4096:
+                    self._seen_untimed[key] = ev
+            return False
+        n = per_file.get(file, 0) + 1
+        per_file[file] = n
+        if n <= max((c for f, c in per_file.items() if f != file), default=0):
+            self.duplicates += 1
+            # an unstamped line (a crash dump) is placed in time by the lines around it: keep the
+            # placement of the copy that has one (the full log) when the first copy had none
+            first = self._seen_untimed.get(key)
+            if first is not None and "_tkey" not in first.extra and "_tkey" in ev.extra:
+                first.extra["_tkey"] = ev.extra["_tkey"]
+            return True
+        return False
 
     def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
         """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
@@ -828,11 +916,72 @@ class Analyzer:
                 if det is not None:
                     p, r, pd = self._subject(det, notes)
                     inc.root = self._contract_event(det, p, r, pd)
-        inc.consequence_groups = self._consequence_groups(root, demoted)
+        evidence: list[Event] = []
+        if root is not None and inc.root is not None and cause not in ("engine-hang", "startup-hang"):
+            evidence = self._root_evidence(root, inc.root, cands + demoted)
+            inc.root_evidence = [
+                {
+                    "signature": e.signature,
+                    "label": self.table.by_id[e.signature or ""].label,
+                    "time": e.time_text,
+                    "file": e.file,
+                    "line": e.line,
+                    "text": e.text.strip()[:500],
+                }
+                for e in evidence
+            ]
+            inc.root["evidence"] = inc.root_evidence
+        ev_ids = {id(e) for e in evidence}
+        inc.consequence_groups = self._consequence_groups(root, demoted, ev_ids)
         inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
-        inc.timeline = self._timeline(tl_root, demoted)
-        inc.summary = self._summary(inc)
+        inc.timeline = self._timeline(tl_root, demoted, evidence)
+        inc.summary = self._summary(inc, root, evidence)
         return inc
+
+    def _root_evidence(self, root: Event, subj: dict[str, Any], pool: list[Event]) -> list[Event]:
+        """Death records of the root's own process (its crash dump, the supervisor's exit fact,
+        EngineCore's report of its death), in time order: evidence of the root, not consequences.
+        A dump without a process prefix is linked by order (as for the root) and only one is taken,
+        so the teardown dumps of the surviving ranks stay consequences."""
+        proc, rank, pid = subj.get("process"), subj.get("rank"), subj.get("pid")
+        anonymous = proc is None and pid is None
+        root_sig = death_signal(root)
+        out: list[Event] = []
+        seen: set[int] = {id(root)}
+        unprefixed = 0
+        for ev in sorted(pool, key=cmp_to_key(_cmp_time)):
+            if id(ev) in seen or ev.signature not in _DEATH_EVIDENCE:
+                continue
+            seen.add(id(ev))
+            if (
+                ev.signature == root.signature
+                and ev.file is not None
+                and ev.file == root.file
+                and ev.line is not None
+                and root.line is not None
+                and 0 < ev.line - root.line <= 64
+                and ev.pid is None
+                and ev.process is None
+            ):
+                out.append(ev)  # the next frames of the root's own crash stack
+                continue
+            if anonymous:
+                continue
+            bare = ev.signature in _UNPREFIXED_DUMPS and ev.pid is None and ev.process is None
+            p, r, d = self._subject(ev, [], link=bare)
+            if d is not None and pid is not None and (ev.source == "kernel") == (root.source == "kernel"):
+                same = d == pid  # pids of one namespace (the kernel's, or the log's and the supervisor's)
+            else:
+                same = p is not None and p == proc and r == rank and (r is not None or p != "Worker")
+            if not same:
+                continue
+            if bare:
+                s2 = death_signal(ev)
+                if unprefixed or (root_sig and s2 and s2 != root_sig):
+                    continue
+                unprefixed += 1
+            out.append(ev)
+        return out
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -1098,7 +1247,9 @@ class Analyzer:
             out["first_wait_warning"] = first_wait[0].time_text
         return out
 
-    def _consequence_groups(self, root: Event | None, demoted: list[Event]) -> list[dict[str, Any]]:
+    def _consequence_groups(
+        self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
+    ) -> list[dict[str, Any]]:
         groups: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
         for (sid, proc, rank), g in self.groups.items():
             groups[(sid, proc, rank)] = {
@@ -1113,7 +1264,7 @@ class Analyzer:
         seen_ids = set()
         for sid, evs in self.roots.items():
             for ev in evs:
-                if ev is root or ev.role != "root":
+                if ev is root or ev.role != "root" or id(ev) in skip:
                     continue
                 seen_ids.add(id(ev))
                 self._add_to(groups, ev, sid)
@@ -1123,7 +1274,7 @@ class Analyzer:
                 if k is not None:
                     groups[k]["count"] += extra
         for ev in demoted:
-            if id(ev) not in seen_ids and ev is not root:
+            if id(ev) not in seen_ids and ev is not root and id(ev) not in skip:
                 self._add_to(groups, ev, ev.signature or "")
         out = list(groups.values())
         out.sort(key=cmp_to_key(lambda a, b: _cmp_time(a["first"], b["first"])))
@@ -1161,7 +1312,10 @@ class Analyzer:
             "text": ev.text.strip()[:500],
         }
 
-    def _timeline(self, root: Event | None, demoted: list[Event]) -> list[dict[str, Any]]:
+    def _timeline(
+        self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
+    ) -> list[dict[str, Any]]:
+        evidence = {id(e) for e in evidence_events or []}
         items: list[Event] = []
         seen: set[int] = set()
 
@@ -1171,6 +1325,8 @@ class Analyzer:
                 items.append(ev)
 
         add(root)
+        for e in evidence_events or []:
+            add(e)
         for sid, evs in self.precursors.items():
             if sid == "bare-timeout-error":
                 continue
@@ -1197,8 +1353,17 @@ class Analyzer:
         # causal order: warning signs and progress before the root, then the root, then what
         # followed (each part in time order where clocks compare, else input order)
         items.sort(key=cmp_to_key(_cmp_time))
-        before = [e for e in items if e is not root and e.role in ("precursor", "progress")]
-        after = [e for e in items if e is not root and e.role not in ("precursor", "progress")]
+        # warning signs and progress logged after the root (a stats line printed after a worker
+        # died) are shown after it, in time order
+        before = [
+            e
+            for e in items
+            if e is not root
+            and e.role in ("precursor", "progress")
+            and (root is None or _cmp_time(e, root) <= 0)
+        ]
+        bid = {id(e) for e in before}
+        after = [e for e in items if e is not root and id(e) not in bid]
         room = TIMELINE_MAX - (1 if root is not None else 0)
         if len(before) + len(after) > room:
             before = before[-max(room // 3, room - len(after)) :] if before else before
@@ -1216,7 +1381,11 @@ class Analyzer:
                     "process": proc,
                     "rank": rank,
                     "pid": pid,
-                    "role": "root" if ev is root else (ev.role if ev.role != "root" else "consequence"),
+                    "role": "root"
+                    if ev is root
+                    else "evidence"
+                    if id(ev) in evidence
+                    else (ev.role if ev.role != "root" else "consequence"),
                     "signature": ev.signature,
                     "file": ev.file,
                     "line": ev.line,
@@ -1225,36 +1394,76 @@ class Analyzer:
             )
         return out
 
-    def _summary(self, inc: Incident) -> str:
+    def _summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
+        """One plain sentence without a final period (callers append "; bundle ..."): who (process,
+        rank, pid), what happened (the signal it was killed by, from the root or its evidence),
+        when, and how many lines followed as consequences."""
         r = inc.root or {}
-        who = r.get("process") or "a process"
-        if r.get("rank") is not None and not str(who).endswith(str(r.get("rank"))):
-            who = f"{who} (rank {r['rank']})"
-        where = f" at {r['time']}" if r.get("time") else ""
+        evidence = evidence or []
+        parts = [
+            f"rank {r['rank']}" if r.get("rank") is not None else None,
+            f"pid {r['pid']}" if r.get("pid") is not None else None,
+        ]
+        ids = ", ".join(x for x in parts if x)
+        who = str(r.get("process") or "A process") + (f" ({ids})" if ids else "")
+        t_ev = next((e for e in [root, *evidence] if e is not None and e.time_text), None)
+        where = ""
+        if t_ev is not None:
+            where = f" at {t_ev.time_text}" + (" s after boot" if _boot(t_ev) is not None else "")
         n = sum(c["count"] for c in inc.consequences)
-        follow = f"; {n} consequence line(s) followed" if n else ""
+        follow = (
+            (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
+            if n
+            else ""
+        )
         c = inc.cause
+        label = inc.root_label or c
+        signal = next((s for s in (death_signal(e) for e in [root, *evidence] if e is not None) if s), None)
         if c == "umd-segfault":
-            return f"{who} crashed inside the GPU driver library {inc.library or '?'}{where}{follow}."
+            if not signal and root is not None and root.source == "kernel":
+                signal = "SIGSEGV"  # the kernel's "segfault at ... in LIB" record
+            how = f"was killed by {signal}" if signal else "crashed"
+            return f"{who} {how} inside the GPU driver library {inc.library or '?'}{where}{follow}"
         if c == "gpu-fault":
-            return f"The GPU driver reported a device fault ({inc.root_label}){where}{follow}."
+            on = f" in {who}" if r.get("process") or r.get("pid") is not None else ""
+            return f"The GPU driver reported a device fault ({label}){on}{where}{follow}"
         if c == "engine-hang":
             h = inc.hang or {}
+            after = f" after {h['last_progress']}" if h.get("last_progress") else ""
+            by = f"; {h['detected_by']} detected it" if h.get("detected_by") else ""
+            at = f" at {h['detected_at']}" if h.get("detected_at") else ""
             return (
-                f"The engine stopped making progress after {h.get('last_progress') or 'an unknown time'}; "
-                f"detected at {h.get('detected_at') or '?'} by {h.get('detected_by') or '?'}{follow}."
+                f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}{follow}"
             )
         if c == "startup-hang":
             s = inc.startup or {}
             miss = s.get("missing_ranks") or []
             ranks = (
-                f"; rank(s) {', '.join(map(str, miss))} did not reach {s.get('missing_phase')}"
+                f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach "
+                f"{s.get('missing_phase')}"
                 if miss
                 else ""
             )
-            return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}."
-        label = inc.root_label or c
-        return f"{who} failed first: {label}{where}{follow}."
+            return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}{follow}"
+        if c == "process-crash" and signal:
+            return f"{who} was killed by {signal}{where}{follow}"
+        if c == "process-crash":
+            code = next(
+                (
+                    e.extra.get("exit_code")
+                    for e in [root, *evidence]
+                    if e is not None and e.extra.get("exit_code") not in (None, "None")
+                ),
+                None,
+            )
+            if code is not None:
+                return f"{who} exited with code {code}{where}{follow}"
+            if root is not None and root.signature in ("worker-died-unexpectedly", "worker-died-v0"):
+                return f"{who} died unexpectedly (reported by EngineCore){where}{follow}"
+            return f"{who} died ({label}){where}{follow}"
+        if c == "host-oom":
+            return f"{who} was killed by the kernel's OOM killer{where}{follow}"
+        return f"{who} failed first: {label}{where}{follow}"
 
 
 # ------------------------------------------------------------------------------ files
@@ -1306,9 +1515,16 @@ def iter_file_blocks(path: str | Path, block: int = 1 << 20) -> Iterable[str]:
 def diagnose_files(paths: Iterable[str | Path], analyzer: Analyzer | None = None) -> Incident:
     """Feed every file (vLLM, kernel, or both mixed) into one Analyzer and return the Incident.
 
+    With two or more files, a classified line found in several of them (same text after wrappers,
+    same pid, same own time stamp) counts as often as the one file holding it most often does:
+    a bundle's vllm.log and its per-process logs give the counts of vllm.log alone.
+
     Raises OSError (with the path) for an unreadable file; any content is accepted.
     """
     an = analyzer or Analyzer()
+    paths = list(paths)
+    if len(paths) > 1 or an._files:
+        an.dedup = True  # the same line in two files of one incident (vllm.log and its per-process copies)
     for p in paths:
         name = str(p)
         if name not in an._files:

@@ -7,12 +7,17 @@ Two layers, applied to every file written into a bundle (see `xpu_serve.bundle`)
    in any context (a token echoed inside a URL, a traceback, a core dump), provided it is at least
    `MIN_SECRET_LEN` characters long and not a plain word ("none", "true"): shorter values would
    wreck unrelated text.
-2. **Shapes**: values after names that look secret (`is_secret_name`) become `***`:
-   `NAME=value` / `export NAME="v"` / `NAME: value` / `"name": "value"` / `'name': 'value'`
-   / `name='value'` (Python reprs, e.g. vLLM's `non-default args: {'api_key': '...'}` line,
-   vllm/entrypoints/utils.py `log_non_default_args`), command-line flags (`--api-key sk-1`,
-   `--hf-token=x`), and HTTP `Authorization:` / `Proxy-Authorization:` header values. A shape
-   never reaches across a line end.
+2. **Shapes**: values after names that look secret (`is_secret_name`) become `***`. In free
+   text (logs, stacks, dumps: `Redactor.text`, `Redactor.bytes`) only unambiguous shapes count:
+   `NAME=value` / `export NAME="v"` where NAME is an environment variable name (upper case),
+   command-line flags (`--api-key sk-1`, `--hf-token=x`), HTTP `Authorization:` /
+   `Proxy-Authorization:` values and `X-API-Key:`-style headers (a hyphenated name), quoted keys of
+   JSON and Python reprs (`"hf_token": "v"`, `'api_key': 'v'`, vllm/entrypoints/utils.py
+   `log_non_default_args`), and Python keyword reprs with a quoted value (`Namespace(api_key='v')`).
+   A bare `word_key: value` is not a secret in free text: oneCCL prints
+   `kvs_remove_name_key: client: remove_key` (src/atl/util/pm/pmi_resizable_rt/... internal_kvs.cpp).
+   Structured files (`structured=True`: env files, YAML) also mask `name: value` and `name=value`
+   for any secret-looking name. A shape never reaches across a line end.
 
 Written here rather than taken from a library: the names and shapes are the domain's own (vLLM's
 flags and log lines, Level Zero/oneCCL variables), and they must work on bytes of any encoding
@@ -61,8 +66,28 @@ def _low(text: str) -> bytes:
     return text.encode("latin-1", "replace").lower()
 
 
-def _shapes(line: str) -> str:
-    """Mask the values that follow secret-looking names in one line."""
+_ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*[A-Z][A-Z0-9_]*")
+_HEADER_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+")
+_AFTER_HEADER = re.compile(r"""[ \t]*:[ \t]*(?P<val>[^\s"'][^\r\n"']*)""")  # X-API-Key: v
+_AFTER_KWARG = re.compile(r"""[ \t]*=[ \t]*(?P<val>"[^"\n]*"|'[^'\n]*')""")  # name='v' (Python repr)
+
+
+def _match_free(line: str, a: int, b: int, name: str) -> re.Match[str] | None:
+    """The value after a secret-looking `name` (line[a:b]) in free text, in the shapes a log can
+    hold unambiguously; None for anything else (`kvs_remove_name_key: client`)."""
+    q = line[a - 1] if a > 0 else ""
+    if q in ("'", '"') and line[b : b + 1] == q:
+        return _AFTER_KEYVAL.match(line, b)  # "name": v / 'name': v (JSON, Python dict repr)
+    if _ENV_NAME_RE.fullmatch(name):
+        return _AFTER_ASSIGN.match(line, b)  # HF_TOKEN=v, export HF_TOKEN="v"
+    if "-" in name and _HEADER_NAME_RE.fullmatch(name):
+        return _AFTER_HEADER.match(line, b)  # X-API-Key: v
+    return _AFTER_KWARG.match(line, b)  # Namespace(api_key='v')
+
+
+def _shapes(line: str, structured: bool = False) -> str:
+    """Mask the values that follow secret-looking names in one line (free-text shapes, or with
+    `structured` also `name: value` / `name=value` of any secret-looking name)."""
     low = _low(line)
     edits: list[tuple[int, int, str]] = []
     done = 0
@@ -76,13 +101,17 @@ def _shapes(line: str) -> str:
             b += 1
         name = line[a:b]
         if w.group() == b"authorization":
+            if not low[a:b].endswith(b"authorization"):
+                continue
             m = _AFTER_AUTH.match(line, b)
         elif not is_secret_name(name):
             continue
         elif name.startswith("-"):
             m = _AFTER_FLAG.match(line, b)
-        else:
+        elif structured:
             m = _AFTER_ASSIGN.match(line, b) or _AFTER_KEYVAL.match(line, b)
+        else:
+            m = _match_free(line, a, b, name)
         if m is None:
             continue
         val = m.group("val")
@@ -94,7 +123,7 @@ def _shapes(line: str) -> str:
             rep = MASK
         else:
             quote = val[0] if val[:1] in ("'", '"') and len(val) >= 2 and val[-1] == val[0] else ""
-            if not quote and a > 0 and line[a - 1] == '"':
+            if not quote and a > 0 and line[a - 1] == '"' and line[b : b + 1] == '"':
                 quote = '"'  # a JSON number under a secret key: keep the document valid JSON
             rep = f"{quote}{MASK}{quote}"
         edits.append((m.start("val"), m.end("val"), rep))
@@ -151,15 +180,24 @@ class Redactor:
                 continue  # `SOME_KEY=none`: replacing every "none" would wreck the logs, hide nothing
             self._secrets.add(s)
         # as bytes (UTF-8), longest first so that a secret containing another is replaced whole
-        self._forms = sorted({x.encode("utf-8", "surrogateescape") for x in self._secrets}, key=len, reverse=True)
+        self._forms = sorted(
+            {x.encode("utf-8", "surrogateescape") for x in self._secrets}, key=len, reverse=True
+        )
 
-    def text(self, text: str) -> str:
-        """Redact one text (any number of lines). Returns the text with secrets as `***`."""
-        return self.bytes(text.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+    def text(self, text: str, structured: bool = False) -> str:
+        """Redact one text (any number of lines). Returns the text with secrets as `***`.
+        `structured`: the text is an env file or YAML (see `bytes`)."""
+        return self.bytes(text.encode("utf-8", "surrogateescape"), structured).decode(
+            "utf-8", "surrogateescape"
+        )
 
-    def bytes(self, data: bytes) -> bytes:
+    def bytes(self, data: bytes, structured: bool = False) -> bytes:
         """Redact bytes of any encoding: known values by bytes, shapes on the lines (decoded as
-        latin-1, so every other byte comes back unchanged) that hold a trigger word."""
+        latin-1, so every other byte comes back unchanged) that hold a trigger word.
+
+        Free text by default (logs: only the unambiguous shapes of the module docstring);
+        `structured=True` for env files and YAML, where `name: value` and `name=value` of any
+        secret-looking name are masked too."""
         for f in self._forms:  # bytes find/replace: C speed, much faster than a regex alternation
             if f in data:
                 data = data.replace(f, _BMASK)
@@ -179,7 +217,7 @@ class Redactor:
         pos = 0
         for ls, le in sorted(spans):
             out.append(data[pos:ls])
-            out.append(_shapes(data[ls:le].decode("latin-1")).encode("latin-1"))
+            out.append(_shapes(data[ls:le].decode("latin-1"), structured).encode("latin-1"))
             pos = le
         out.append(data[pos:])
         return b"".join(out)
@@ -217,7 +255,12 @@ class Redactor:
         if isinstance(obj, Mapping):
             out: dict[Any, Any] = {}
             for k, v in obj.items():
-                if isinstance(k, str) and is_secret_name(k) and v is not None and not isinstance(v, (Mapping, list)):
+                if (
+                    isinstance(k, str)
+                    and is_secret_name(k)
+                    and v is not None
+                    and not isinstance(v, (Mapping, list))
+                ):
                     out[k] = MASK
                 else:
                     out[k] = self.mapping(v)
@@ -258,7 +301,12 @@ def secrets_in_mapping(obj: Any) -> list[str]:
     found: list[str] = []
     if isinstance(obj, Mapping):
         for k, v in obj.items():
-            if isinstance(k, str) and is_secret_name(k) and isinstance(v, (str, int)) and not isinstance(v, bool):
+            if (
+                isinstance(k, str)
+                and is_secret_name(k)
+                and isinstance(v, (str, int))
+                and not isinstance(v, bool)
+            ):
                 found.append(str(v))
             else:
                 found.extend(secrets_in_mapping(v))

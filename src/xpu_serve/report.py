@@ -6,6 +6,7 @@ what could not be settled. Plain text: it must read the same when piped or in a 
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from xpu_serve.diagnosis import Incident
@@ -16,6 +17,24 @@ WIDTH = 118
 def _cut(s: str, n: int) -> str:
     s = " ".join(s.split())
     return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _wrap(s: str, width: int, first: str, rest: str, max_lines: int = 6) -> list[str]:
+    """`s` as lines of at most `width` characters, the first prefixed with `first`, the others
+    with `rest` (sentences wrap, never cut; only text past `max_lines` lines is cut with "…")."""
+    lines = textwrap.wrap(
+        " ".join(s.split()),
+        width=width,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_long_words=True,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        last = lines[-1]
+        lines[-1] = (last if len(last) < width - 1 else last[: width - 2]) + " …"
+    return lines
 
 
 def format_ranks(ranks: list[int]) -> str:
@@ -68,7 +87,10 @@ def group_consequences(inc: Incident) -> list[str]:
 def render_text(inc: Incident, width: int = WIDTH) -> str:
     """The one-screen report for people (about 40 lines at most)."""
     out: list[str] = []
-    out.append(f"VERDICT: {inc.cause} — {_cut(inc.summary, width - 20)}")
+    summary = inc.summary.strip()  # one sentence without its period (the supervisor appends "; bundle")
+    if not summary.endswith((".", "!", "?")):
+        summary += "."
+    out.extend(_wrap(summary, width, f"VERDICT: {inc.cause} — ", "  "))
     out.append("")
     r = inc.root
     if r:
@@ -83,11 +105,16 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
             if x
         )
         out.append(f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else ""))
-        out.append(f"  {_where(r)}: {_cut(r.get('text') or '', width - 10)}")
+        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r)}: ", "    ", max_lines=3))
+        if inc.meaning:
+            out.extend(_wrap(inc.meaning, width, "  ", "  "))
         if inc.library:
             out.append(f"  library: {inc.library}")
-        if inc.meaning:
-            out.append(f"  {_cut(inc.meaning, width - 4)}")
+        for e in inc.root_evidence[:4]:
+            # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
+            where = f"{e['file']}:{e['line']}" if e.get("file") else "live"
+            when = f"{e['time']} " if e.get("time") else ""
+            out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
     elif inc.cause == "unknown":
         out.append("ROOT CAUSE: nothing in the input supports a verdict.")
     if inc.hang:
@@ -97,9 +124,21 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
         if isinstance(delay, (int, float)):
             m, s = divmod(int(delay), 60)
             d = f"; {m}m{s:02d}s without progress before detection"
-        out.append(
-            f"HANG: last progress {h.get('last_progress') or 'unknown'}; detected {h.get('detected_at') or '?'}"
-            f" by {h.get('detected_by') or '?'}{d}"
+        det = " ".join(
+            x
+            for x in (
+                f"at {h['detected_at']}" if h.get("detected_at") else "",
+                f"by {h['detected_by']}" if h.get("detected_by") else "",
+            )
+            if x
+        )
+        out.extend(
+            _wrap(
+                f"last progress {h.get('last_progress') or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
+                width,
+                "HANG: ",
+                "      ",
+            )
         )
     if inc.startup:
         su = inc.startup
@@ -113,29 +152,37 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
         for line in cons[:10]:
             out.append(f"  {_cut(line, width - 4)}")
         if len(cons) > 10:
-            out.append(f"  ... and {len(cons) - 10} more kinds (see --json)")
+            more = len(cons) - 10
+            out.append(f"  ... and {more} more kind{'s' if more > 1 else ''} (see --json)")
     if inc.timeline:
         out.append("")
         out.append("TIMELINE:")
         for t in inc.timeline[:15]:
-            who = t.get("process") or t.get("source") or ""
-            if t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
+            who = t.get("process") or ""
+            if not who and t.get("rank") is not None:
+                who = f"rank {t['rank']}"
+            elif not who:
+                who = "(no prefix)" if t.get("source") == "vllm" else str(t.get("source") or "")
+            elif t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
                 who = f"{who}/r{t['rank']}"
-            mark = ">>" if t.get("role") == "root" else "  "
+            mark = {"root": ">>", "evidence": " +"}.get(str(t.get("role")), "  ")
             out.append(
                 f" {mark} {str(t.get('time') or '-'):>19}  {_cut(str(who), 14):<14} {_cut(t.get('text') or '', width - 42)}"
             )
     out.append("")
-    out.append(
-        "NEXT: "
-        + (
-            _cut(inc.advice, width - 6)
-            if inc.advice
-            else "collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time."
+    out.extend(
+        _wrap(
+            inc.advice
+            or "Collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time.",
+            width,
+            "NEXT: ",
+            "      ",
         )
     )
     if inc.notes:
         out.append("NOT SETTLED:")
         for n in inc.notes[:6]:
-            out.append(f"  - {_cut(n, width - 6)}")
+            out.extend(_wrap(n, width, "  - ", "    "))
+        if len(inc.notes) > 6:
+            out.append(f"  ... and {len(inc.notes) - 6} more (see --json)")
     return "\n".join(out) + "\n"

@@ -1,8 +1,13 @@
-"""`xpu-serve diagnose [--json] [--dmesg FILE] FILE...`: name the root cause of an incident from
+"""`xpu-serve diagnose [--json] [--dmesg FILE] FILE|BUNDLE...`: name the root cause of an incident from
 log files (vLLM logs, kernel logs, or both mixed as people paste them; `-` reads stdin).
 
+A bundle directory (docs/bundles.md: `RUNTIME/bundles/<id>/`) is accepted as FILE: its full
+vLLM log (`logs/vllm.log` or `logs/<n>/vllm.log`, rotations oldest first) and `kernel.log` are
+read; the per-process logs (`logs/Worker_TP0.log`...) are not, they repeat lines of vllm.log.
+
 Exit codes (xpu_serve.exitcodes): 0 when the analysis ran (also for `cause: unknown`),
-2 with one line on stderr for a path that cannot be read or no file given.
+2 with one line on stderr for a path that cannot be read, a directory that is not a bundle, or
+no file given.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 from xpu_serve import exitcodes
 
@@ -19,7 +26,10 @@ from xpu_serve import exitcodes
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: files, --json, --dmesg FILE (repeatable; another input file)."""
     parser.add_argument(
-        "files", nargs="*", metavar="FILE", help="log files (vLLM, kernel, mixed); - for stdin"
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="log files (vLLM, kernel, mixed), or a bundle directory (its vllm.log and kernel.log); - for stdin",
     )
     parser.add_argument(
         "--dmesg",
@@ -29,6 +39,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a kernel log file (same as giving it as FILE)",
     )
     parser.add_argument("--json", action="store_true", help="print the verdict contract as JSON")
+
+
+_ROTATION_RE = re.compile(r"^vllm\.log(?:\.(\d+))?$")
+
+
+def bundle_inputs(d: str | Path) -> list[str] | None:
+    """The files to diagnose in a bundle directory, or None when `d` is not a bundle.
+
+    A bundle (xpu_serve.bundle, docs/bundles.md) holds `incident.json` or `bundle.json` and a
+    `logs/` folder. Returned: every `vllm.log` of `logs/` and of `logs/<n>/` (incarnations in
+    numeric order; within one, rotations `vllm.log.<k>` oldest first, i.e. highest k first, then
+    `vllm.log`), then `kernel.log` when present. Without any vllm.log, the per-process logs of
+    `logs/` (the analysis counts a line repeated across files once). Never raises.
+    """
+    root = Path(d)
+    try:
+        if not (root / "logs").is_dir() or not any(
+            (root / f).is_file() for f in ("incident.json", "bundle.json")
+        ):
+            return None
+        folders = [root / "logs"] + sorted(
+            (p for p in (root / "logs").iterdir() if p.is_dir()),
+            key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name),
+        )
+        out: list[str] = []
+        for f in folders:
+            rot: list[tuple[int, str]] = []
+            for p in f.iterdir():
+                m = _ROTATION_RE.match(p.name)
+                if m and p.is_file():
+                    rot.append((int(m.group(1) or 0), str(p)))
+            out.extend(p for _, p in sorted(rot, reverse=True))
+        if not out:
+            out = sorted(str(p) for p in (root / "logs").iterdir() if p.is_file() and p.suffix == ".log")
+        if (root / "kernel.log").is_file():
+            out.append(str(root / "kernel.log"))
+        return out
+    except OSError:
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,12 +102,23 @@ def run(args: argparse.Namespace) -> int:
         what = f" (no file matches {', '.join(unmatched)})" if unmatched else " (FILE... or --dmesg FILE)"
         print(f"xpu-serve diagnose: no input file given{what}", file=sys.stderr)
         return exitcodes.USAGE
+    expanded: list[str] = []
+    for p in paths:
+        if p != "-" and os.path.isdir(p):
+            inside = bundle_inputs(p)
+            if inside is None:
+                print(
+                    f"xpu-serve diagnose: {p}: is a directory (not a bundle: no incident.json and logs/)",
+                    file=sys.stderr,
+                )
+                return exitcodes.USAGE
+            expanded.extend(inside)
+            continue
+        expanded.append(p)
+    paths = expanded
     for p in paths:
         if p == "-":
             continue
-        if os.path.isdir(p):
-            print(f"xpu-serve diagnose: {p}: is a directory", file=sys.stderr)
-            return exitcodes.USAGE
         try:
             with open(p, "rb"):
                 pass
@@ -66,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"xpu-serve diagnose: {p}: cannot read: {e.strerror or e}", file=sys.stderr)
             return exitcodes.USAGE
     an = Analyzer()
+    an.dedup = len(paths) > 1  # copies of a line in several files of one incident count once
     try:
         if "-" in paths:
             for i, line in enumerate(sys.stdin.buffer, 1):
