@@ -259,6 +259,11 @@ class KernelWatchConfig(_Strict):
     device_check: list[str] | None = Field(
         None, description="command that exits 0 once a wedged device answers again (gates a restart)"
     )
+    settle_s: float = Field(
+        0.5,
+        ge=0,
+        description="after a crash, wait this long for the kernel's segfault record before the verdict, seconds",
+    )
 
 
 class WatchersConfig(_Strict):
