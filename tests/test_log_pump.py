@@ -242,20 +242,29 @@ LINE_RE = re.compile(r"\(Worker_TP0 pid=7\) INFO line (\d{9}) z{60}")
 
 def test_slow_writer_drops_whole_lines_counted_and_marked(tmp_path: Path, relay: bool) -> None:
     # The writer is made slow on purpose: the callback blocks until the child has exited.
-    # The child must still finish (never blocked), and every line is either written or counted.
+    # The child must still finish (never blocked), and every line is either handled or counted.
+    # Relay: vllm.log is complete all the same, byte for byte; only the forwarding to the
+    # per-process files, the echo and the callback dropped (counted and marked there, with the
+    # vllm.log line numbers of what is missing). Threads (fallback): drops are marked in vllm.log.
     release = threading.Event()
-    seen: list[str] = []
+    seen: list[tuple[int, str]] = []
 
     def blocking(line: str, lineno: int) -> None:
         release.wait(60)
-        seen.append(line)
+        seen.append((lineno, line))
 
-    n = 100_000  # ~9 MB against a 256 kB buffer
+    n = 100_000  # ~10 MB against a 256 kB buffer
     logs = tmp_path / "logs"
-    pump = LogPump(logs, 5, on_line=blocking, buffer_cap_bytes=256 * 1024, relay=relay)
+    out = io.StringIO()
+    pump = LogPump(logs, 5, echo=out, on_line=blocking, buffer_cap_bytes=256 * 1024, relay=relay)
     with child([sys.executable, "-c", WRITER, str(n)]) as p:
         pump.start(p.stdout, p.stderr)
         assert p.wait(60) == 0  # finished while the writer was stuck
+        if relay:
+            # vllm.log has everything the child wrote, the callback still blocked (flush() then
+            # gives the blocked writer the rest of its timeout, and is True all the same)
+            assert pump.flush(3)
+            assert (logs / "vllm.log").read_bytes() == writer_bytes(n)
         release.set()
         assert pump.wait_eof(60)
     stats = pump.close()
@@ -263,26 +272,53 @@ def test_slow_writer_drops_whole_lines_counted_and_marked(tmp_path: Path, relay:
     assert stats.lines + stats.dropped_lines == n
     assert stats.bytes == n * len("(Worker_TP0 pid=7) INFO line 000000000 " + "z" * 60 + "\n")
     assert stats.dropped_bytes == stats.bytes - stats.lines * 100
-    text = lines_of(logs / "vllm.log")
+    text = lines_of(logs / ("Worker_TP0.log" if relay else "vllm.log"))
     markers = [ln for ln in text if ln.startswith("[xpu-serve] dropped ")]
     assert markers
     total = 0
+    gaps: set[int] = set()
     for m in markers:
-        mm = re.fullmatch(
-            r"\[xpu-serve\] dropped (\d+) lines \((\d+) bytes\): log writer could not keep up", m
-        )
-        assert mm
+        if relay:
+            mm = re.fullmatch(
+                r"\[xpu-serve\] dropped (\d+) lines \((\d+) bytes\) here: the supervisor could not keep up; "
+                r"vllm.log has them \(lines (\d+)-(\d+)\)",
+                m,
+            )
+            assert mm, m
+            gaps.update(range(int(mm.group(3)), int(mm.group(4)) + 1))
+        else:
+            mm = re.fullmatch(
+                r"\[xpu-serve\] dropped (\d+) lines \((\d+) bytes\): log writer could not keep up", m
+            )
+            assert mm, m
         total += int(mm.group(1))
     assert total == stats.dropped_lines
     kept = [ln for ln in text if not ln.startswith("[xpu-serve]")]
     assert len(kept) == stats.lines == len(seen)
+    assert [ln for _, ln in seen] == kept
     nums = []
     for ln in kept:  # whole lines only, in order
         mm = LINE_RE.fullmatch(ln)
         assert mm, ln
         nums.append(int(mm.group(1)))
     assert nums == sorted(nums) and len(set(nums)) == len(nums)
-    assert lines_of(logs / "Worker_TP0.log") == kept
+    if relay:
+        assert stats.log_missed_lines == 0
+        assert (logs / "vllm.log").read_bytes() == writer_bytes(n)
+        # Callback numbers are vllm.log's; the markers' ranges are exactly the lines not forwarded.
+        assert all(lineno == num + 1 for (lineno, _), num in zip(seen, nums, strict=True))
+        assert gaps == set(range(1, n + 1)) - {num + 1 for num in nums}
+        assert sum(ln.startswith("[i5] [xpu-serve] dropped ") for ln in out.getvalue().splitlines()) == len(
+            markers
+        )
+    else:
+        assert stats.log_missed_lines == stats.dropped_lines
+        assert lines_of(logs / "Worker_TP0.log") == kept
+
+
+def writer_bytes(n: int) -> bytes:
+    """What WRITER writes for `n` lines."""
+    return "".join(f"(Worker_TP0 pid=7) INFO line {i:09d} " + "z" * 60 + "\n" for i in range(n)).encode()
 
 
 def test_blocked_echo_never_blocks_pump(tmp_path: Path) -> None:
@@ -367,10 +403,8 @@ def test_100mb_burst_does_not_slow_child(tmp_path: Path) -> None:
         )
     (tmp_path / "direct.log").unlink()
     t_file = float(base.stderr.split()[0])
-    result: list[str] = []
-    pump = LogPump(
-        tmp_path / "logs", 1, on_line=lambda ln, _: result.append(ln) if ln[:1].isdigit() else None
-    )
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, on_line=lambda ln, _: None)
     try:
         with child([sys.executable, "-c", BURST, str(mb)]) as p:
             pump.start(p.stdout, p.stderr)
@@ -378,20 +412,29 @@ def test_100mb_burst_does_not_slow_child(tmp_path: Path) -> None:
             assert pump.wait_eof(120)
     finally:
         stats = pump.close()
-    t_pump_s, nlines_s = result[-1].split()
+    # vllm.log (rotated at 64 MiB: vllm.log.1 then vllm.log) has every byte; the child's timing
+    # line is its last line (the callback may not have seen it: forwarding may drop).
+    parts = [logs / "vllm.log.1", logs / "vllm.log"]
+    last = lines_of(parts[-1])[-1]
+    t_pump_s, nlines_s = last.split()
     t_pump, nlines = float(t_pump_s), int(nlines_s)
+    assert sum(p.stat().st_size for p in parts) == nlines * 100 + len(last) + 1
+    assert not (logs / "vllm.log.2").exists()
     # Generous bound (CI noise): the child through the pump takes at most 3x (+1 s) its time to a file.
     assert t_pump <= 3 * t_file + 1.0, (t_pump, t_file)
-    # Nothing lost silently: every line is written or counted as dropped (+1: the timing line).
+    # Nothing lost silently: every line is handled or counted as dropped (+1: the timing line).
     assert stats.lines + stats.dropped_lines == nlines + 1
+    assert stats.log_missed_lines == 0
     assert stats.bytes >= nlines * 100
 
 
-def _mount_tiny_tmpfs(path: Path) -> bool:
+def _mount_tiny_tmpfs(path: Path, size: str = "64k") -> bool:
     if os.geteuid() != 0:
         return False
     path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -616,3 +659,159 @@ def test_two_streams_split_anywhere_keep_every_line(tmp_path: Path, relay: bool)
         assert nums == sorted(nums)
         assert all(ln.startswith(f"(Worker_TP{rank} pid={101 + rank}) line ") for ln in mine)
     assert len(lines_of(logs / "Worker_TP0.log")) + len(lines_of(logs / "Worker_TP1.log")) == 20000
+
+
+MIXED = r"""
+import os, sys
+n = int(sys.argv[1])
+out = []
+for i in range(n):
+    # stdout: vLLM-like lines of varying length, CRLF now and then; 64 KiB block writes
+    out.append(b"(Worker_TP%d pid=%d) INFO step %08d " % (i % 4, 100 + i % 4, i) + b"q" * (i % 97) + (b"\r\n" if i % 13 == 0 else b"\n"))
+    if len(out) == 600:
+        blk = memoryview(b"".join(out)); out = []
+        while blk:
+            blk = blk[os.write(1, blk[:65536]):]
+blk = memoryview(b"".join(out))
+while blk:
+    blk = blk[os.write(1, blk):]
+"""
+
+
+def mixed_bytes(n: int) -> bytes:
+    """What MIXED writes for `n` lines, CRLF normalised to LF (as vllm.log has it)."""
+    return b"".join(
+        b"(Worker_TP%d pid=%d) INFO step %08d " % (i % 4, 100 + i % 4, i) + b"q" * (i % 97) + b"\n"
+        for i in range(n)
+    )
+
+
+def test_relay_vllm_log_complete_and_rotated_while_supervisor_is_slow(tmp_path: Path) -> None:
+    # A burst (~16 MB in 64 KiB writes) while the supervisor side is slow on purpose (the
+    # callback sleeps): the relay writes vllm.log itself, rotating at 1 MB, byte for byte
+    # complete; only the forwarding drops (counted). Callback numbers are vllm.log's, and
+    # locate() finds each seen line in the rotated part that holds it.
+    n = 200_000
+    seen: list[tuple[int, str]] = []
+
+    def slow(line: str, lineno: int) -> None:
+        if lineno % 100 == 0:
+            time.sleep(0.002)
+        seen.append((lineno, line))
+
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 2, on_line=slow, max_bytes=1_000_000, backups=30, buffer_cap_bytes=512 * 1024)
+    try:
+        with child([sys.executable, "-c", MIXED, str(n)]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert p.wait(60) == 0  # never blocked by the slow side
+            assert pump.flush(10)
+            want = mixed_bytes(n)
+            parts = sorted(
+                logs.glob("vllm.log*"), key=lambda q: -int(q.suffix[1:]) if q.suffix[1:].isdigit() else 0
+            )
+            assert b"".join(q.read_bytes() for q in parts) == want  # complete before the writer caught up
+            assert len(parts) >= 16
+            for q in parts:
+                data = q.read_bytes()
+                assert 0 < len(data) <= 1_000_000 and data.endswith(b"\n")
+            assert pump.wait_eof(60)
+            stats = pump.close()
+    finally:
+        pump.close()
+    assert stats.dropped_lines > 0 and stats.lines + stats.dropped_lines == n
+    assert stats.log_missed_lines == 0 and stats.write_errors == 0
+    want_lines = want.decode().split("\n")
+    assert all(want_lines[lineno - 1] == line for lineno, line in seen)
+    for lineno, line in seen[:: max(1, len(seen) // 200)] + seen[-1:]:
+        where = pump.locate(lineno)
+        assert where is not None, lineno
+        assert lines_of(where[0])[where[1] - 1] == line
+    assert pump.locate(n + 1) is None
+
+
+def test_relay_rotation_keeps_newest_backups(tmp_path: Path) -> None:
+    # Rotation in the relay: 3000 lines of 50 bytes into 10 kB files, 2 backups: the newest
+    # three files, whole lines, a contiguous tail ending with the last line; locate() knows
+    # which lines were rotated away.
+    script = "import sys\nfor i in range(3000): sys.stdout.write(f'line {i:08d} ' + 'y' * 35 + '\\n')"
+    got = Collect()
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, on_line=got, max_bytes=10_000, backups=2)
+    with child([sys.executable, "-c", script]) as p:
+        pump.start(p.stdout, p.stderr)
+        assert pump._relay is not None  # the relay writes vllm.log
+        assert pump.wait_eof(30)
+    assert sorted(q.name for q in logs.glob("vllm.log*")) == ["vllm.log", "vllm.log.1", "vllm.log.2"]
+    sizes = [(logs / f).stat().st_size for f in ("vllm.log.2", "vllm.log.1")]
+    assert sizes == [10_000, 10_000]  # 200 lines of 50 bytes: full files, cut at line boundaries
+    tail = b"".join((logs / f).read_bytes() for f in ("vllm.log.2", "vllm.log.1", "vllm.log"))
+    nums = [int(ln.split()[1]) for ln in tail.decode().splitlines()]
+    assert nums == list(range(3000 - len(nums), 3000))
+    assert len(nums) == 600  # vllm.log is full too (rotation happens before a write would pass)
+    assert pump.locate(1) is None  # rotated away
+    assert pump.locate(2400) is None
+    assert pump.locate(3000) == (logs / "vllm.log", 200)
+    assert pump.locate(2401) == (logs / "vllm.log.2", 1)
+    assert pump.locate(2601) == (logs / "vllm.log.1", 1)
+    stats = pump.close()
+    assert stats.lines == 3000 and len(got.lines) == 3000
+
+
+def test_relay_disk_full_degrades_counts_and_marks(tmp_path: Path) -> None:
+    # ENOSPC on a real tiny tmpfs (root only): the relay keeps reading (the child is never
+    # blocked) and forwarding (the callback sees every line), counts the lines vllm.log missed,
+    # and when there is room again writes one marker line saying how many, then goes on.
+    mnt = tmp_path / "tiny"
+    if not _mount_tiny_tmpfs(mnt, "512k"):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        filler = mnt / "filler"
+        filler.write_bytes(b"f" * 256 * 1024)
+        logs = mnt / "logs"
+        out = io.StringIO()
+        got = Collect()
+        pump = LogPump(logs, 6, echo=out, on_line=got, retry_interval_s=0.05)
+        n = 6000  # 600 kB of lines > the room left
+        line = "(EngineCore pid=3) INFO line {:06d} " + "e" * 67
+        r, w = os.pipe()
+        pump.start(r)
+        try:
+            t0 = time.monotonic()
+            for i in range(0, n, 500):
+                os.write(w, "".join(line.format(j) + "\n" for j in range(i, i + 500)).encode())
+            assert time.monotonic() - t0 < 20  # the writer never blocked for long
+            assert pump.flush(10)
+            assert pump.stats().write_errors > 0
+            filler.unlink()  # room again
+            time.sleep(0.1)
+            os.write(w, b"(EngineCore pid=3) INFO after\n")
+            assert pump.flush(10)
+        finally:
+            os.close(w)
+            stats = pump.close()
+        assert len(got.lines) == n + 1 and stats.lines == n + 1 and stats.dropped_lines == 0
+        assert [ln for _, ln in got.lines][:n] == [line.format(i) for i in range(n)]
+        echoed = out.getvalue()
+        assert f"log write to {logs / 'vllm.log'} failed: [Errno 28] No space left on device" in echoed
+        text = (logs / "vllm.log").read_bytes().decode()
+        k = 0
+        while text.startswith(line.format(k) + "\n"):
+            text = text[len(line.format(k)) + 1 :]
+            k += 1
+        assert 0 < k < n  # a complete prefix was written before the disk filled
+        # then maybe the head of a half-written line, ended by the marker, then the new line
+        # then maybe the head of a half-written line, ended by the marker, then the new line
+        mm = re.search(
+            r"(?:^|\n)\[xpu-serve\] (\d+) lines not written to this file: \[Errno 28\] No space left on device\n",
+            text,
+        )
+        assert mm, text[:300]
+        head, after = text[: mm.start()], text[mm.end() :]
+        assert int(mm.group(1)) == n - k == stats.log_missed_lines  # (a half-written line is missed)
+        assert after == "(EngineCore pid=3) INFO after\n"
+        assert line.format(k).startswith(head)
+        assert f"log file {logs / 'vllm.log'} writable again ({n - k} lines missed)" in echoed
+        assert stats.write_errors >= 1
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

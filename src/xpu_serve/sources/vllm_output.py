@@ -5,22 +5,35 @@ The pipes must never block the engine: a supervisor that reads slowly makes vLLM
 process inside `write()`, in the middle of a forward pass if it is a worker). So:
 
 - a relay process (``python -I -S``, stdlib only, single thread, its own session so the
-  engine's tree kill does not touch it; see `_RELAY_SRC`) only `read()`s the pipes into a
-  bounded buffer and forwards them as frames on one pipe to this process. It shares no GIL
-  with the supervisor (the writer thread, the asyncio loop analysing lines), so the engine's
-  pipes drain at the speed of `read()`. When the supervisor falls behind and the relay's
-  buffer reaches `buffer_cap_bytes`, the relay drops *whole lines* (never blocks), counts
-  them, and the writer puts a visible marker line into ``vllm.log`` and the echo:
-  ``[xpu-serve] dropped N lines (B bytes): log writer could not keep up``.
-  It exits when the pipes reach EOF, when `close()` closes its control pipe, or when this
-  process dies (EPIPE / control EOF); signals from a terminal or systemd are ignored.
+  engine's tree kill does not touch it; see `_RELAY_SRC`) `read()`s the pipes and itself
+  appends what it read to ``vllm.log`` (rotated, in the relay), at the speed of `read()` and
+  `write()`: per read only CR -> LF, holding each stream's partial last line (so lines of stdout
+  and stderr never mix) and the rotation cut, no per-line Python work. ``vllm.log`` is the
+  evidence: it is never dropped from, whatever the supervisor does. The relay then forwards
+  the same whole lines as frames on one pipe to this process for the per-line work. It shares
+  no GIL with the supervisor (the writer thread, the asyncio loop analysing lines). When the
+  supervisor falls behind and the relay's forwarding queue reaches `buffer_cap_bytes`, only
+  the *forwarding* stops (whole lines, until the queue is down to half): those lines are in
+  ``vllm.log`` but not in the per-process files, the echo or the callback; they are counted
+  (`PumpStats.dropped_lines`; the relay counts their newlines from ``vllm.log`` when it has
+  little to read, never on the hot path, and forwards again once they are counted, so in a
+  burst that keeps the relay busy the forwarding resumes after the burst) and a marker line goes into every per-process file
+  and the echo: ``[xpu-serve] dropped N lines (B bytes) here: the supervisor could not keep
+  up; vllm.log has them (lines A-Z)``.
+  The relay exits when the pipes reach EOF, when `close()` closes its control pipe, or when this
+  process dies (control EOF); signals from a terminal or systemd are ignored.
   Fallback (`relay=False`, the relay cannot start, or it dies: a notice is echoed): one
-  reader thread per pipe in this process, same buffer and drop rules. For those threads,
+  reader thread per pipe in this process, and the writer thread writes ``vllm.log``; here a
+  lagging writer makes the readers drop whole lines from *every* output, ``vllm.log`` included
+  (counted, `log_missed_lines` too, and marked in ``vllm.log`` and the echo:
+  ``[xpu-serve] dropped N lines (B bytes): log writer could not keep up``). For those threads,
   `start()` lowers the switch interval (`sys.setswitchinterval`, process-wide) to 1 ms, so a
   reader gets the GIL back within ~1 ms of data arriving (at the default 5 ms a 1 MiB pipe
   fills first and the engine waits in `write()`). The pipes are enlarged with
   F_SETPIPE_SZ (16 MiB with CAP_SYS_RESOURCE, else the usual 1 MiB limit);
-- one writer thread splits lines and writes the files, the echo queue and the callback;
+- one writer thread splits lines and writes the per-process files (and ``vllm.log`` in the
+  fallback), the echo queue and the callback; while it is backlogged in relay mode it sleeps as
+  long as it worked (`_DUTY`), leaving CPU to the engine and the relay on small machines;
 - one echo thread writes to the supervisor's own stdout (journald, `docker logs`) from a
   bounded queue; a slow or blocked stdout drops echo lines (counted, then a marker
   ``[xpu-serve] echo dropped N lines: output could not keep up``), never the pump.
@@ -28,8 +41,9 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
 Files, in `log_dir` (the supervisor passes ``RUNTIME/logs/<incarnation>``, see `LogPump.dir_for`):
 
 - ``vllm.log``: every line, in arrival order, raw bytes (CR and CRLF become LF; invalid UTF-8
-  kept as is). Size-rotated: ``vllm.log`` -> ``vllm.log.1`` ... ``vllm.log.<backups>``, at line
-  boundaries, once a file would pass `max_bytes`.
+  kept as is; long lines kept whole: a partial line longer than max(1 MiB, `max_line_bytes`)
+  is written out split, no byte lost). Size-rotated: ``vllm.log`` -> ``vllm.log.1`` ...
+  ``vllm.log.<backups>``, at line boundaries, once a file would pass `max_bytes`.
 - one file per vLLM process, demuxed by vLLM's prefix ``(Name pid=N) `` (vllm/utils
   `decorate_logs`/`_add_prefix`; parsed with `xpu_serve.events.split_process_prefix`,
   innermost prefix wins): ``APIServer.log``, ``EngineCore.log`` (``EngineCore_DP0`` too),
@@ -45,11 +59,15 @@ Files, in `log_dir` (the supervisor passes ``RUNTIME/logs/<incarnation>``, see `
   Everything else (native crash dumps, uvicorn, Python warnings, tracebacks of the API
   server's own launcher) goes to ``unprefixed.log``.
 - lines longer than `max_line_bytes` are cut there and end with
-  `` [xpu-serve] line truncated: N bytes dropped``.
+  `` [xpu-serve] line truncated: N bytes dropped`` (per-process files, echo, callback; in
+  ``vllm.log`` only in the thread fallback).
 
 Disk errors (ENOSPC, EROFS, EIO...) degrade: the file is closed, `write_errors` counted, one
 notice is echoed, the echo and the callback go on, and the file is retried every
-`retry_interval_s`; when it works again, a marker line says how many lines it missed.
+`retry_interval_s`; when it works again, a marker line says how many lines it missed
+(``[xpu-serve] N lines not written to this file: [Errno 28] No space left on device``). For
+``vllm.log`` the relay does this itself: it keeps reading (the engine is never blocked) and
+forwarding; missed lines are in `log_missed_lines`.
 
 API (the supervisor calls)::
 
@@ -57,7 +75,7 @@ API (the supervisor calls)::
     proc = subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, start_new_session=True, ...)
     pump.start(proc.stdout, proc.stderr)     # takes ownership of both pipes (file objects or fds)
     ...
-    pump.flush(timeout=2.0)    # before the bundle: all the engine wrote so far is in the files
+    pump.flush(timeout=2.0)    # before the bundle: all the engine wrote so far is in vllm.log
     where = pump.locate(lineno)  # (rotated file, line in it) of a callback's lineno
     # stop the tree, then:
     pump.wait_eof(timeout=5.0)  # True once both pipes hit EOF and everything is written
@@ -73,10 +91,14 @@ not find it (it has the supervisor's environment), and it ends on its own (see a
 order of ``vllm.log``, after the line has been written to the files (so a callback that
 triggers a bundle finds it on disk). `line` has no newline; `lineno` is 1-based in the
 incarnation's logical ``vllm.log`` (rotated parts concatenated oldest first; the pump's marker
-lines take numbers too but are not passed to the callback). It must be quick and must not
-block: while it runs, lines pile up in the buffer, and past `buffer_cap_bytes` they are
-dropped (counted), never the engine stalled. Exceptions it raises are counted
+lines take numbers too but are not passed to the callback; lines whose forwarding was dropped
+keep their numbers, so ``vllm.log`` line `lineno` is `line`). It must be quick and must not
+block: while it runs, lines pile up in the buffer, and past `buffer_cap_bytes` their
+forwarding is dropped (counted), never the engine stalled. Exceptions it raises are counted
 (`callback_errors`), reported once on the echo, and ignored. Dropped lines never reach it.
+In relay mode `locate` follows the rotations the writer has seen (it lags the relay by the
+frames not yet processed) and is exact while ``vllm.log`` had no write errors and the relay
+did not die (lines it had written but not forwarded then shift the numbers).
 
 Written here rather than with `logging.handlers.RotatingFileHandler`: that handler formats and
 writes one record at a time under a lock (too slow for a 100 MB burst) and cannot rotate raw
@@ -126,40 +148,74 @@ _SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
 
 OnLine = Callable[[str, int], None]
 
-# Queue items: (kind, stream, data, n_lines, n_bytes); also the relay's frame kinds.
-_DATA, _DROP, _EOF, _ACK = 0, 1, 2, 3
+# Queue items: (kind, stream, data, a, b); also the relay's frame kinds (see _RELAY_SRC).
+# _FALLBACK (queue only): the relay died, the writer writes vllm.log from here on.
+_DATA, _DROP, _EOF, _ACK, _ROT, _MARK, _ERR, _LOGOK, _LOGMISS, _FALLBACK = range(10)
 _Item = tuple[int, int, bytes, int, int]
 _FRAME = struct.Struct("!BBQQ")  # relay frame header: kind, stream, a, b (see _RELAY_SRC)
+_HOLD_MIN = 1 << 20  # relay: a partial line longer than max(this, max_line_bytes) is written out split
+# Relay mode, supervisor backlogged: the writer thread sleeps as long as it worked (50 % duty),
+# leaving the CPU to the engine and the relay on small machines (the relay drops forwarding
+# meanwhile, counted; vllm.log is not affected). Measured in bench/bench_pump.py.
+_DUTY = 0.5
 _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it stops reading the relay
 
 # The relay: a tiny single-threaded process (stdlib only, started with `python -I -S`) that
-# reads the engine's pipes and forwards them as frames on one pipe to the supervisor. It shares
-# no GIL with the supervisor's writer thread and asyncio loop, so the engine's pipes are
-# drained at the speed of read() whatever the supervisor is doing; when the supervisor falls
-# behind, the relay's buffer fills and *it* drops whole lines (and says so in a DROP frame).
+# reads the engine's pipes, appends them to vllm.log itself and forwards them as frames on one
+# pipe to the supervisor. It shares no GIL with the supervisor's writer thread and asyncio loop,
+# so the engine's pipes are drained, and vllm.log written, at the speed of read() and write()
+# whatever the supervisor is doing. Per read() it does only what keeps vllm.log whole lines:
+# CR -> LF (`in` / `replace`), hold the stream's partial last line (`rfind`), rotate at a line
+# boundary (`rfind`); no per-line Python loop, no line counting on the normal path (the
+# supervisor numbers the lines it receives). When the supervisor falls behind, its queue fills
+# and the relay stops *forwarding* whole lines (counted, `count` on that path only: DROP frame);
+# vllm.log has them all the same.
 # Frames: header _FRAME (kind, stream, a, b) then, for DATA, `a` bytes of payload.
-#   DATA (stream, len), DROP (stream, lines, bytes), EOF (stream), ACK (flush sequence number).
-# Control pipe (supervisor -> relay): b"F" + 8-byte sequence = "read what the pipes hold now,
-# then send ACK(seq)"; EOF on it = "read what the pipes hold, send EOF frames, exit".
-# Run as `python -I -S - xpu-serve-log-relay CAP_BYTES OUT_FD CTL_FD IN_FD...` with this source
-# on stdin (so `ps` shows a short, recognisable command line).
+#   DATA (stream, len): whole lines, exactly as written to vllm.log, in vllm.log's order;
+#   DROP (lines, bytes): written to vllm.log, not forwarded; EOF (stream); ACK (flush seq);
+#   ROT: vllm.log was rotated here (the next line is the first of the new file);
+#   MARK (lines): the relay wrote a marker of that many lines into vllm.log here;
+#   ERR (errno, first of a failure period 0/1): a write/open/rotation of vllm.log failed;
+#   LOGOK (lines missed, errno): vllm.log writable again, marker written;
+#   LOGMISS (lines missed, errno): the last stream ended while vllm.log was still failing.
+# Control pipe (supervisor -> relay): b"F" + 8-byte sequence = "read what the pipes hold now
+# (so it is in vllm.log), then write seq on the ack pipe (out of band: `flush` does not wait
+# behind a congested frame pipe) and send an ACK(seq) frame"; EOF on it = "read what the pipes hold, send EOF
+# frames, exit". If the supervisor's end of the frame pipe breaks, it stops forwarding but
+# keeps writing vllm.log until the pipes or the control pipe reach EOF.
+# Run as `python -I -S - xpu-serve-log-relay CAP_BYTES OUT_FD CTL_FD ACK_FD LOG_PATH MAX_BYTES BACKUPS
+# RETRY_S HOLD_BYTES IN_FD...` with this source on stdin (so `ps` shows a short command line).
 _RELAY_SRC = r"""
-import collections, os, select, signal, struct, sys
+import collections, os, select, signal, struct, sys, time
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # ends on EOF (engine gone / supervisor closed ctl) or EPIPE
-cap, out, ctl = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-ins = [int(a) for a in sys.argv[5:]]
+A = sys.argv
+cap, out, ctl, ack = int(A[2]), int(A[3]), int(A[4]), int(A[5])
+path, max_bytes, backups = A[6], int(A[7]), int(A[8])
+retry_s, hold_cap = float(A[9]), int(A[10])
+ins = [int(a) for a in A[11:]]
+READ = 1 << 20
+buf = bytearray(hold_cap + READ + 1)  # carry (<= hold_cap) + one read
+bmv = memoryview(buf)
 H = struct.Struct("!BBQQ")
-DATA, DROP, EOF, ACK = 0, 1, 2, 3
-for fd in ins + [out, ctl]:
+DATA, DROP, EOF, ACK, ROT, MARK, ERR, LOGOK, LOGMISS = range(9)
+for fd in ins + [out, ctl, ack]:
     os.set_blocking(fd, False)
-q = collections.deque()  # (kind, stream, a, b, payload)
-qsize = 0  # payload bytes in q
+q = collections.deque()  # (kind, stream, a, b, payload): frames not yet encoded
+qsize = 0  # DATA payload bytes in q
 pending = collections.deque()  # encoded frame parts not yet (fully) written
-dropping = [False] * len(ins)
-dl = [0] * len(ins)
-db = [0] * len(ins)
-dtail = [False] * len(ins)
+# Forwarding drops, counted lazily: the lines of dropped data are counted (numbering needs them)
+# from vllm.log when the relay has nothing to read, not on the hot path. pend, in order:
+# [fd, start, end] regions of vllm.log not forwarded, None = a rotation, (lines, bytes) = dropped
+# data already counted (not in the file: disk error). While pend is not empty, everything is
+# dropped (the next forwarded line's number must be known).
+pend = []
+acc = [0, 0]  # lines, bytes counted from pend, not yet in a DROP frame
+keep = set()  # fds of rotated files kept open until their regions are counted
+hyst = False  # dropping: resume forwarding only below cap // 2
+cbuf = bytearray(1 << 20)
+cmv = memoryview(cbuf)
+carry = [b""] * len(ins)  # per stream: partial line (no LF yet), held
 stream_of = {fd: i for i, fd in enumerate(ins)}
 open_ins = set(ins)
 poller = select.poll()
@@ -167,51 +223,258 @@ for fd in ins:
     poller.register(fd, select.POLLIN)
 poller.register(ctl, select.POLLIN)
 out_mask = 0
+forwarding = True  # False once the supervisor's end is gone: vllm.log goes on
+
+# vllm.log state
+lfd = -1
+lsize = 0
+partial = False  # the file ends in the middle of a line (a write failed half way)
+broken_until = 0.0  # monotonic; 0 = healthy
+missed = 0  # lines not written in the current broken period
+err_no = 0
+
+def frame(kind, i=0, a=0, b=0):
+    count_all()
+    q.append((kind, i, a, b, None))
+
+def count_step(limit=1 << 20):
+    # Count the lines of the oldest pending dropped data (<= limit bytes read from vllm.log).
+    e = pend[0]
+    if e is None:
+        pend.pop(0)
+        emit_drop()
+        q.append((ROT, 0, 0, 0, None))
+    elif type(e) is tuple:
+        pend.pop(0)
+        acc[0] += e[0]
+        acc[1] += e[1]
+    else:
+        fd, start, end = e
+        k = 0
+        try:
+            k = os.preadv(fd, [cmv[: min(limit, end - start)]], start)
+        except OSError:
+            pass
+        if k <= 0:  # cannot read it back (truncated by someone?): numbering is off from here
+            k = end - start
+        else:
+            acc[0] += cbuf.count(b"\n", 0, k)
+        acc[1] += k
+        e[1] = start + k
+        if e[1] >= end:
+            pend.pop(0)
+            if fd in keep and not any(type(x) is list and x[0] == fd for x in pend):
+                keep.discard(fd)
+                os.close(fd)
+    if not pend:
+        emit_drop()
+
+def emit_drop():
+    if acc[1]:
+        q.append((DROP, 0, acc[0], acc[1], None))
+        acc[0] = acc[1] = 0
+
+def count_all():
+    while pend:
+        count_step()
+
+def rot():
+    if pend:
+        pend.append(None)
+    else:
+        q.append((ROT, 0, 0, 0, None))
+
+def forward(i, data, pos, stop, off=None):
+    # Queue whole lines data[pos:stop] for the supervisor, or drop them (counted) past the cap.
+    # off: where they are in the open vllm.log (None: not written there).
+    global qsize, hyst
+    if not forwarding:
+        return
+    n = stop - pos
+    if pend or hyst and qsize > cap // 2 or qsize + n > cap and qsize:  # (one read fits an empty q)
+        hyst = True
+        if off is None:
+            pend.append((data.count(b"\n", pos, stop), n))
+        elif pend and type(pend[-1]) is list and pend[-1][0] == lfd and pend[-1][2] == off:
+            pend[-1][2] = off + n
+        else:
+            pend.append([lfd, off, off + n])
+        return
+    hyst = False
+    q.append((DATA, i, n, 0, bytes(memoryview(data)[pos:stop])))  # (data may be the read buffer)
+    qsize += n
+
+def rotate():
+    global lfd
+    if lfd >= 0:
+        fd, lfd = lfd, -1
+        if any(type(x) is list and x[0] == fd for x in pend):
+            keep.add(fd)  # its dropped regions are still to be counted
+        else:
+            os.close(fd)
+    if backups <= 0:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    else:
+        for k in range(backups - 1, 0, -1):
+            try:
+                os.replace(path + "." + str(k), path + "." + str(k + 1))
+            except FileNotFoundError:
+                pass
+        try:
+            os.replace(path, path + ".1")
+        except FileNotFoundError:
+            pass
+
+def fail(e, data, pos, end):
+    # A disk error: close, count, forward the rest anyway, retry after retry_s.
+    global lfd, broken_until, missed, err_no
+    count_all()  # (the regions still in the open file)
+    if lfd >= 0:
+        fd, lfd = lfd, -1
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    frame(ERR, 0, e.errno or 0, 0 if broken_until else 1)
+    broken_until = time.monotonic() + retry_s
+    err_no = e.errno or 0
+    missed += data.count(b"\n", pos, end)
+
+def log(i, data, end):
+    # Append data[:end] (whole lines) to vllm.log, rotating at line boundaries before the file
+    # passes max_bytes, and forward it; the file is written first (flush() relies on it).
+    global lfd, lsize, partial, broken_until, missed
+    pos = 0
+    if broken_until:
+        if time.monotonic() < broken_until:
+            missed += data.count(b"\n", 0, end)
+            forward(i, data, 0, end)
+            return
+        msg = "[xpu-serve] %d lines not written to this file: [Errno %d] %s\n" % (
+            missed, err_no, os.strerror(err_no))
+        mark = b""
+        try:
+            if lfd < 0:
+                lfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                lsize = os.fstat(lfd).st_size
+                partial = partial and lsize > 0  # (a new file: nothing to end)
+            mark = (b"\n" if partial else b"") + msg.encode()
+            v = memoryview(mark)
+            while v:
+                k = os.write(lfd, v)
+                lsize += k
+                partial = v[k - 1] != 10
+                v = v[k:]
+        except OSError as e:
+            fail(e, data, 0, end)
+            forward(i, data, 0, end)
+            return
+        frame(MARK, 0, mark.count(b"\n"))
+        frame(LOGOK, 0, missed, err_no)
+        broken_until = 0.0
+        missed = 0
+    while pos < end:
+        seg = wpos = pos
+        try:
+            if lfd < 0:
+                lfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                lsize = os.fstat(lfd).st_size
+                partial = partial and lsize > 0  # (a new file: nothing to end)
+            room = max_bytes - lsize
+            if end - pos <= room:
+                stop = end
+            else:
+                cut = data.rfind(b"\n", pos, pos + max(room, 0))
+                if cut >= 0:
+                    stop = cut + 1
+                elif lsize > 0:
+                    rotate()
+                    rot()
+                    continue
+                else:  # one line longer than max_bytes: a file of its own
+                    stop = data.find(b"\n", pos, end) + 1 or end
+            v = memoryview(data)[pos:stop]
+            while v:
+                k = os.write(lfd, v)
+                wpos += k
+                lsize += k
+                partial = v[k - 1] != 10
+                v = v[k:]
+        except OSError as e:
+            fail(e, data, wpos, end)
+            forward(i, data, seg, end)
+            return
+        forward(i, data, pos, stop, lsize - (stop - pos))
+        pos = stop
+        if pos < end:
+            try:
+                rotate()
+            except OSError as e:
+                rot()  # the old file is closed: numbering goes on in a new file
+                fail(e, data, pos, end)
+                forward(i, data, pos, end)
+                return
+            rot()
+
+def take(i, n):
+    # Write out the whole lines in buf[:n] (the stream's held partial line, then what was just
+    # read), hold the partial tail; CR and CRLF become LF (a copy, only when there is a CR).
+    data = buf
+    if buf.find(b"\r", 0, n) >= 0:
+        data = bytes(bmv[:n])
+        hold = b""
+        if data.endswith(b"\r"):
+            data, hold = data[:-1], b"\r"  # may be the CR of a CRLF split across reads
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + hold
+        n = len(data)
+    nl = data.rfind(b"\n", 0, n) + 1
+    rest = bytes(memoryview(data)[nl:n])
+    if len(rest) > hold_cap:  # a very long line: write what we have (it ends up split, not lost)
+        data, nl, rest = bytes(memoryview(data)[:n]) + b"\n", n + 1, b""
+    carry[i] = rest
+    if nl:
+        log(i, data, nl)
 
 def end_stream(fd):
     i = stream_of[fd]
-    if dropping[i]:
-        q.append((DROP, i, dl[i] + (1 if dtail[i] else 0), db[i], b""))
-        dropping[i] = False
-    q.append((EOF, i, 0, 0, b""))
+    rest = carry[i]
+    carry[i] = b""
+    if rest.endswith(b"\r"):
+        rest = rest[:-1]
+    if rest:
+        log(i, rest + b"\n", len(rest) + 1)
+    if len(open_ins) == 1 and broken_until:
+        frame(LOGMISS, 0, missed, err_no)
+    frame(EOF, i)
     poller.unregister(fd)
     open_ins.discard(fd)
     os.close(fd)
 
 def read_fd(fd, rounds=8):
-    global qsize
+    # Read into one reused buffer (a fresh 1 MiB bytes object per read costs page faults),
+    # after the stream's held partial line.
     i = stream_of[fd]
+    got = 0
     for _ in range(rounds):
+        c = carry[i]
+        lc = len(c)
+        if lc:
+            buf[:lc] = c
         try:
-            chunk = os.read(fd, 1 << 20)
+            k = os.readv(fd, [bmv[lc : lc + READ]])
         except BlockingIOError:
-            return
+            return got
         except OSError:
-            chunk = b""
-        if not chunk:
+            k = 0
+        if not k:
             end_stream(fd)
-            return
-        n = len(chunk)
-        if dropping[i]:
-            if qsize > cap // 2:
-                dl[i] += chunk.count(b"\n"); db[i] += n; dtail[i] = not chunk.endswith(b"\n")
-                continue
-            nl = chunk.find(b"\n")
-            if nl < 0:
-                db[i] += n; dtail[i] = True
-                continue
-            q.append((DROP, i, dl[i] + 1, db[i] + nl + 1, b""))
-            dropping[i] = False
-            chunk = chunk[nl + 1:]
-            n = len(chunk)
-            if not n:
-                continue
-        if qsize + n > cap:
-            dropping[i] = True
-            dl[i], db[i], dtail[i] = chunk.count(b"\n"), n, not chunk.endswith(b"\n")
-            continue
-        q.append((DATA, i, n, 0, chunk))
-        qsize += n
+            return READ
+        got += k
+        take(i, lc + k)
+    return got
 
 def drain_inputs():
     for fd in list(open_ins):
@@ -220,12 +483,11 @@ def drain_inputs():
 def encode(limit=4 << 20):
     # Frame parts for the head of q; consecutive DATA of one stream become one frame.
     global qsize
-    parts = pending
     size = 0
     while q and size < limit:
         kind, i, a, b, payload = q.popleft()
         if kind != DATA:
-            parts.append(H.pack(kind, i, a, b))
+            pending.append(H.pack(kind, i, a, b))
             continue
         chunks = [payload]
         while q and q[0][0] == DATA and q[0][1] == i and size + a < limit:
@@ -234,11 +496,12 @@ def encode(limit=4 << 20):
             a += nxt[2]
         qsize -= a
         size += a
-        parts.append(H.pack(DATA, i, a, 0))
-        parts.extend(chunks)
+        pending.append(H.pack(DATA, i, a, 0))
+        pending.extend(chunks)
 
 def write_out():
     # writev: no copy into one big buffer; partial writes leave a memoryview of the rest.
+    global forwarding, qsize
     while pending or q:
         if not pending:
             encode()
@@ -247,7 +510,8 @@ def write_out():
         except BlockingIOError:
             return
         except OSError:
-            sys.exit(0)  # the supervisor is gone
+            stop_forwarding()
+            return
         while n:
             head = pending[0]
             if len(head) <= n:
@@ -257,19 +521,36 @@ def write_out():
                 pending[0] = memoryview(head)[n:]
                 n = 0
 
+def stop_forwarding():
+    # The supervisor's end is gone: vllm.log goes on until the engine's pipes close.
+    global forwarding, qsize, out_mask
+    forwarding = False
+    q.clear()
+    pending.clear()
+    qsize = 0
+    if out_mask:
+        poller.unregister(out)
+        out_mask = 0
+
 ctl_buf = b""
+# After a small read, let the pipe fill a little (fewer wake-ups and reads per line written):
+# short enough that a child writing 2 GB/s does not fill a 1 MiB pipe meanwhile.
+nap = 0.0002
+small = 65536
 while open_ins or q or pending:
-    mask = select.POLLOUT if (q or pending) else 0
+    mask = select.POLLOUT if (q or pending) and forwarding else 0
     if mask != out_mask:
         if out_mask:
             poller.unregister(out)
         if mask:
             poller.register(out, mask)
         out_mask = mask
-    for fd, ev in poller.poll():
+    events = poller.poll(0 if pend else None)
+    busy = 0
+    for fd, ev in events:
         if fd == out:
             if ev & (select.POLLERR | select.POLLHUP):
-                sys.exit(0)
+                stop_forwarding()
         elif fd == ctl:
             try:
                 data = os.read(ctl, 4096)
@@ -286,10 +567,21 @@ while open_ins or q or pending:
                 seq = int.from_bytes(ctl_buf[1:9], "big")
                 ctl_buf = ctl_buf[9:]
                 drain_inputs()
-                q.append((ACK, 0, seq, 0, b""))
-        else:
-            read_fd(fd)
-    write_out()
+                try:
+                    os.write(ack, seq.to_bytes(8, "big"))  # flush(): it is in vllm.log now
+                except OSError:
+                    pass  # nobody waits (the pipe is full) or the supervisor is gone
+                frame(ACK, 0, seq)
+        elif fd in open_ins:
+            busy += read_fd(fd)
+    if pend and busy < small:
+        count_step(small * 4)  # little to read: count dropped lines (numbering) meanwhile
+    elif nap and events and busy < small:
+        time.sleep(nap)
+    if forwarding:
+        write_out()
+    else:
+        q.clear()
 """
 
 
@@ -300,13 +592,17 @@ class PumpStats:
     Attributes:
         lines: lines of the engine written out (to files when the disk works) and passed to the
             callback; the pump's own marker lines are not counted.
-        bytes: bytes read from the pipes, dropped ones included.
-        dropped_lines, dropped_bytes: lost because the writer could not keep up (each loss is
-            marked in vllm.log and the echo).
+        bytes: bytes read from the pipes, dropped ones included (after CR -> LF in relay mode).
+        dropped_lines, dropped_bytes: not passed to the per-process files, the echo and the
+            callback because the supervisor side could not keep up (each loss marked there).
+            In relay mode they are in vllm.log all the same; in the thread fallback they are
+            lost from vllm.log too (and marked there).
         write_errors: failed file writes/opens/rotations (disk full, read-only...).
         echo_dropped: lines not echoed because the supervisor's stdout was slow or broken.
         truncated_lines: lines cut at `max_line_bytes`.
         callback_errors: exceptions raised by `on_line`.
+        log_missed_lines: lines missing from ``vllm.log`` (and not marked there until it is
+            writable again): failed writes; in the thread fallback also `dropped_lines`.
     """
 
     lines: int = 0
@@ -317,6 +613,7 @@ class PumpStats:
     echo_dropped: int = 0
     truncated_lines: int = 0
     callback_errors: int = 0
+    log_missed_lines: int = 0
 
 
 def _enlarge_pipe(fd: int) -> None:
@@ -421,9 +718,10 @@ class _RotatingFile:
 class _Sink:
     """A `_RotatingFile` that degrades on disk errors instead of raising (writer thread only)."""
 
-    def __init__(self, pump: LogPump, name: str) -> None:
+    def __init__(self, pump: LogPump, name: str, file: _RotatingFile | None = None) -> None:
         self.pump = pump
-        self.file = _RotatingFile(pump.log_dir / name, pump.max_bytes, pump.backups)
+        self.file = file or _RotatingFile(pump.log_dir / name, pump.max_bytes, pump.backups)
+        self.is_vlog = name == "vllm.log"
         self.broken_until = 0.0  # monotonic; 0 = healthy
         self.missed_lines = 0
         self.error: str | None = None
@@ -431,13 +729,13 @@ class _Sink:
     def write(self, data: bytes, nlines: int) -> None:
         if self.broken_until:
             if time.monotonic() < self.broken_until:
-                self.missed_lines += nlines
+                self.missed(nlines)
                 return
             marker = (
                 f"[xpu-serve] {self.missed_lines} lines not written to this file: {self.error}\n"
             ).encode()
             if not self._try(marker + data):
-                self.missed_lines += nlines
+                self.missed(nlines)
                 return
             self.pump._echo_notice(
                 f"log file {self.file.path} writable again ({self.missed_lines} lines missed)"
@@ -446,11 +744,16 @@ class _Sink:
             self.missed_lines = 0
             return
         if not self._try(data):
-            self.missed_lines += nlines
+            self.missed(nlines)
             self.pump._echo_notice(
                 f"log write to {self.file.path} failed: {self.error}; going on without it "
                 f"(echo and analysis continue)"
             )
+
+    def missed(self, nlines: int) -> None:
+        self.missed_lines += nlines
+        if self.is_vlog:
+            self.pump._log_missed += nlines
 
     def _try(self, data: bytes) -> bool:
         try:
@@ -485,7 +788,9 @@ class LogPump:
         on_line: ``on_line(line: str, lineno: int)``, writer thread, in order; see module docstring.
         max_bytes: rotate a file before it passes this size (bytes).
         backups: rotated files kept per file (``vllm.log.1`` ... ``vllm.log.<backups>``).
-        buffer_cap_bytes: bytes read but not yet written before readers drop whole lines.
+        buffer_cap_bytes: bytes read but not yet handled by the writer before the forwarding
+            drops whole lines (relay: from the per-process files, echo and callback only;
+            thread fallback: from every output).
         max_line_bytes: longer lines are cut here (and marked).
         echo_cap_bytes: echo text queued but not yet written before echo lines are dropped.
         pending_timeout_s: how long early ``(Worker pid=N)``/oneCCL lines wait for their pid's
@@ -528,6 +833,10 @@ class LogPump:
         self._relay: subprocess.Popen[bytes] | None = None
         self._relay_out = -1  # read end of the relay's frame pipe
         self._relay_ctl = -1  # write end of the relay's control pipe
+        self._relay_ack = -1  # read end of the relay's flush acknowledgements (8-byte sequences)
+        self._ack_buf = b""
+        self._log_acked = 0  # highest flush sequence the relay has in vllm.log
+        self._flush_lock = threading.Lock()  # one flush() reads the ack pipe at a time
         self._flush_seq = 0
         self._acked = 0  # highest flush sequence processed by the writer
 
@@ -558,6 +867,12 @@ class LogPump:
         self._truncated = 0
         self._callback_errors = 0
         self._callback_reported = False
+        self._log_missed = 0
+        # vllm.log's line bookkeeping (`locate`): written through in thread mode; in relay mode
+        # the relay writes the file and the writer only keeps `lines` and `starts` from frames.
+        self._vlog = _RotatingFile(self.log_dir / "vllm.log", max_bytes, backups)
+        self._relay_log = False  # the relay writes vllm.log (writer thread's view, in queue order)
+        self._dest_names: set[str] = set()  # per-process outputs seen so far (drop markers)
 
         # Echo thread state (under _echo_cond).
         self._echo_cond = threading.Condition()
@@ -595,10 +910,9 @@ class LogPump:
         (beyond `backups`) or is not written yet. Exact while the disk had no write errors
         (lines that failed to be written shift the numbers). Any thread.
         """
-        sink = self._sinks.get("vllm.log")
-        if sink is None or lineno < 1:
+        f = self._vlog
+        if lineno < 1:
             return None
-        f = sink.file
         starts = list(f.starts)
         if lineno > f.lines:
             return None
@@ -638,6 +952,7 @@ class LogPump:
             _enlarge_pipe(fd)
             os.set_blocking(fd, False)
         if fds and self.relay and self._start_relay(fds):
+            self._relay_log = True
             self._threads.append(threading.Thread(target=self._relay_reader, name="pump-relay", daemon=True))
         else:
             for i, fd in enumerate(fds):
@@ -653,31 +968,44 @@ class LogPump:
             t.start()
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until everything the child has written so far is in the files.
+        """Wait until everything the child has written so far is in ``vllm.log``, and (within
+        `timeout`) in the per-process files and through the callback.
 
-        "So far" is what the pipes hold at the call (the relay reads them dry, then
-        acknowledges through the writer; in thread mode: FIONREAD) plus what was already read.
-        Partial lines (no newline yet) and held early Worker/oneCCL lines stay held (they are in
-        ``vllm.log`` already only once complete). Returns False on timeout (seconds).
+        "So far" is what the pipes hold at the call plus what was already read. Relay mode: the
+        relay reads the pipes dry into ``vllm.log`` and acknowledges on a pipe of its own (so a
+        slow supervisor side does not delay it); then this waits for the writer to reach the same
+        point, at most until the timeout (a blocked callback does not make it False). Thread
+        mode: FIONREAD, then the writer. Partial lines (no newline yet) and held early
+        Worker/oneCCL lines stay held. Returns False when ``vllm.log`` is not known to have it
+        all within `timeout` (seconds).
         """
         deadline = time.monotonic() + timeout
         if self._relay is not None and self._relay_ctl >= 0 and not self._eof_done:
-            with self._cond:
-                self._flush_seq += 1
-                seq = self._flush_seq
-            try:
-                os.write(self._relay_ctl, b"F" + seq.to_bytes(8, "big"))
-            except OSError:
-                pass  # the relay is gone: its EOF frames (or the fallback) settle it below
-            else:
+            with self._flush_lock:
                 with self._cond:
+                    self._flush_seq += 1
+                    seq = self._flush_seq
+                try:
+                    os.write(self._relay_ctl, b"F" + seq.to_bytes(8, "big"))
+                    logged = self._wait_log_ack(seq, deadline)
+                except OSError:
+                    logged = None
+            if logged is None:
+                # The relay is gone. Status 0: it read every pipe to EOF into vllm.log and ended;
+                # else it died (the fallback threads and the FIONREAD wait below settle it).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._relay.wait(max(0.0, deadline - time.monotonic()))
+                logged = True if self._relay.returncode == 0 else None
+            if logged is not None:
+                if not logged:
+                    return False
+                with self._cond:  # vllm.log has it: give the writer what is left of the timeout
                     while self._acked < seq and not self._eof_done and not self._writer_done:
                         left = deadline - time.monotonic()
                         if left <= 0:
-                            return False
+                            break
                         self._cond.wait(left)
-                    if self._acked >= seq or self._writer_done:
-                        return True
+                return True
         with self._cond:
             targets = [
                 (i, self._read_by[i] + _bytes_in_pipe(fd))
@@ -696,6 +1024,28 @@ class LogPump:
                 if left <= 0:
                     return False
                 self._cond.wait(left)
+        return True
+
+    def _wait_log_ack(self, seq: int, deadline: float) -> bool | None:
+        """Read the relay's ack pipe until `seq` is acknowledged: True; timeout: False; the
+        relay is gone: None (caller holds `_flush_lock`)."""
+        poller = select.poll()
+        poller.register(self._relay_ack, select.POLLIN)
+        while self._log_acked < seq:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                return False
+            try:
+                data = os.read(self._relay_ack, 4096)
+            except BlockingIOError:
+                continue
+            if not data:
+                return None
+            buf = self._ack_buf + data
+            while len(buf) >= 8:
+                self._log_acked = max(self._log_acked, int.from_bytes(buf[:8], "big"))
+                buf = buf[8:]
+            self._ack_buf = buf
         return True
 
     def wait_eof(self, timeout: float | None = None) -> bool:
@@ -721,6 +1071,7 @@ class LogPump:
             echo_dropped=self._echo_dropped,
             truncated_lines=self._truncated,
             callback_errors=self._callback_errors,
+            log_missed_lines=self._log_missed,
         )
 
     def close(self, timeout: float = 5.0) -> PumpStats:
@@ -772,7 +1123,7 @@ class LogPump:
                     os.close(obj)
                 else:
                     obj.close()
-        for fd in (self._wake_r, self._wake_w, self._relay_out):
+        for fd in (self._wake_r, self._wake_w, self._relay_out, self._relay_ack):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -784,14 +1135,24 @@ class LogPump:
         """Start the relay process on the engine's pipes; False (threads instead) if it cannot."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
+        ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
         _enlarge_pipe(out_r)
         argv = [sys.executable, "-I", "-S", "-", "xpu-serve-log-relay", str(self.buffer_cap_bytes)]
-        argv += [str(out_w), str(ctl_r)] + [str(fd) for fd in fds]
+        argv += [
+            str(out_w),
+            str(ctl_r),
+            str(ack_w),
+            str(self.log_path),
+            str(self.max_bytes),
+            str(self.backups),
+        ]
+        argv += [repr(self.retry_interval_s), str(max(_HOLD_MIN, self.max_line_bytes))]
+        argv += [str(fd) for fd in fds]
         relay = None
         try:
             relay = subprocess.Popen(
                 argv,
-                pass_fds=(out_w, ctl_r, *fds),
+                pass_fds=(out_w, ctl_r, ack_w, *fds),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,  # not in the engine's process group: outlives its kill
@@ -803,18 +1164,20 @@ class LogPump:
             if relay is not None:  # started but already gone (its stdin broke)
                 relay.kill()
                 relay.wait(5)
-            for fd in (out_r, out_w, ctl_r, ctl_w):
+            for fd in (out_r, out_w, ctl_r, ctl_w, ack_r, ack_w):
                 os.close(fd)
             return False
         self._relay = relay
         os.close(out_w)
         os.close(ctl_r)
+        os.close(ack_w)
+        self._relay_ack = ack_r
         self._relay_out, self._relay_ctl = out_r, ctl_w
         return True
 
     def _relay_reader(self) -> None:
         """Parse the relay's frames into the writer's queue (blocks when the queue is full,
-        which makes the relay buffer, then drop, instead of the engine blocking)."""
+        which makes the relay buffer, then drop forwarding, instead of the engine blocking)."""
         fd = self._relay_out
         buf = bytearray()
         hsize = _FRAME.size
@@ -868,10 +1231,13 @@ class LogPump:
         if not self._stop:  # (close() may kill a relay stuck on a child that keeps writing)
             self._echo_notice(
                 f"log relay process ended unexpectedly (status {code}); reading the pipes in-process "
-                "from here (output it held is lost)"
+                "from here (lines it had not forwarded are in vllm.log only; a partial line it held is lost)"
             )
         with cond:
             self._relay_ctl, ctl = -1, self._relay_ctl  # flush() falls back to FIONREAD
+            self._queue.append((_FALLBACK, 0, b"", 0, 0))  # the writer writes vllm.log from here
+            self._enqueued += 1
+            cond.notify_all()
         if ctl >= 0:
             with contextlib.suppress(OSError):
                 os.close(ctl)
@@ -992,10 +1358,13 @@ class LogPump:
                 self._buffered -= size
             if items:
                 eofs += sum(1 for it in items if it[0] == _EOF)
+                t0 = time.perf_counter()
                 try:
                     self._process(items)
                 except Exception as e:  # a bug here must not stop the pump: the buffer would fill
                     self._echo_notice(f"log pump error {type(e).__name__}: {e}")
+                if _DUTY < 1.0 and self._relay_log and size >= _BATCH_BYTES:
+                    time.sleep((time.perf_counter() - t0) * (1.0 / _DUTY - 1.0))
             self._expire_pending(time.monotonic())
             with cond:
                 self._processed += len(items)
@@ -1023,15 +1392,55 @@ class LogPump:
                 self._write_batch(out)  # everything before the ACK is on disk before flush() returns
                 out = _Batch()
                 self._acked = max(self._acked, nlines)
+            elif kind == _DROP and self._relay_log:
+                # Whole lines the relay wrote to vllm.log but did not forward: they take their
+                # numbers; the per-process files and the echo say where to find them.
+                first = self._lineno + 1
+                self._lineno += nlines
+                self._dropped_lines += nlines
+                self._dropped_bytes += nbytes
+                msg = (
+                    f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes) here: the supervisor could not "
+                    f"keep up; vllm.log has them (lines {first}-{self._lineno})"
+                )
+                for name in self._dest_names | set(out.dest) or {"unprefixed"}:
+                    out.list_for(name).append(msg)
+                out.echo.append(self._tag + msg + "\n")
             elif kind == _DROP:
                 # The stream's held partial line was cut by the drop: it goes too (its newline,
                 # in the dropped bytes, is already in nlines).
                 nbytes += len(self._carry.pop(s, b"")) + self._cut.pop(s, 0)
                 self._dropped_lines += nlines
                 self._dropped_bytes += nbytes
+                self._log_missed += nlines
                 self._marker(
                     out, f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes): log writer could not keep up"
                 )
+            elif kind == _ROT:
+                f = self._vlog
+                f.starts.insert(0, self._lineno)
+                del f.starts[self.backups + 1 :]
+            elif kind == _MARK:
+                self._lineno += nlines
+            elif kind == _ERR:
+                if nlines:
+                    self._write_errors += 1
+                if nbytes:  # first failure of a period
+                    err = f"[Errno {nlines}] {os.strerror(nlines)}"
+                    self._echo_notice(
+                        f"log write to {self.log_path} failed: {err}; going on without it "
+                        "(per-process files, echo and analysis continue)"
+                    )
+            elif kind == _LOGOK:
+                self._log_missed += nlines
+                self._echo_notice(f"log file {self.log_path} writable again ({nlines} lines missed)")
+            elif kind == _LOGMISS:
+                self._log_missed += nlines
+            elif kind == _FALLBACK:
+                self._write_batch(out)
+                out = _Batch()
+                self._relay_log = False
+                self._vlog.lines = self._lineno
             else:
                 # Coalesce consecutive chunks of the same stream.
                 parts = [data]
@@ -1085,10 +1494,11 @@ class LogPump:
 
     def _emit(self, out: _Batch, body: bytes) -> None:
         """Queue engine lines (`body`: lines joined by LF, no final LF) for every output."""
-        out.vllm.append(body)
-        out.vllm.append(b"\n")
         tlines = body.decode("utf-8", "replace").split("\n")
-        out.vllm_lines += len(tlines)
+        if not self._relay_log:  # (else the relay wrote them to vllm.log already)
+            out.vllm.append(body)
+            out.vllm.append(b"\n")
+            out.vllm_lines += len(tlines)
         out.text.append((self._lineno + 1, tlines))
         if self.echo is not None:
             tag = self._tag
@@ -1207,10 +1617,12 @@ class LogPump:
         if sink is None:
             if len(self._sinks) >= _MAX_PROCESS_FILES + 1 and name not in ("vllm.log", "unprefixed.log"):
                 return self._sink("unprefixed.log")
-            sink = self._sinks[name] = _Sink(self, name)
+            sink = self._sinks[name] = _Sink(self, name, self._vlog if name == "vllm.log" else None)
         return sink
 
     def _write_batch(self, out: _Batch) -> None:
+        if self._relay_log:
+            self._vlog.lines = self._lineno  # all of them are in vllm.log (locate)
         if out.vllm:
             self._sink("vllm.log").write(b"".join(out.vllm), out.vllm_lines)
         self._write_dest(out)
@@ -1240,6 +1652,7 @@ class LogPump:
         for name, lines in out.dest.items():
             if not lines:
                 continue
+            self._dest_names.add(name)
             fname = name + ".log" if name != "unprefixed" else "unprefixed.log"
             fname = _SAFE_NAME_RE.sub("_", fname)
             data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
