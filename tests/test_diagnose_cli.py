@@ -93,6 +93,108 @@ def test_dmesg_option_and_stdin(tmp_path: Path) -> None:
     assert v["cause"] == "umd-segfault" and v["root"]["rank"] == 0 and v["root"]["file"] == "<stdin>"
 
 
+def _norm(out: subprocess.CompletedProcess[str], path: str) -> dict:
+    """The JSON verdict with the input's path replaced, to compare runs on copies of one log."""
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.replace(json.dumps(path)[1:-1], "INPUT"))
+
+
+def test_fifo_with_a_writer_process_is_read_once(tmp_path: Path) -> None:
+    src = CASES / "qwen3-30b-worker0-died" / "vllm.log"
+    want = _norm(diagnose("--json", str(src)), str(src))
+    assert want["cause"] == "process-crash" and want["root"]["rank"] == 0
+    fifo = tmp_path / "vllm.log"
+    os.mkfifo(fifo)
+    # the writer blocks in open() until diagnose opens the FIFO; a second open would find no writer
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import shutil,sys; shutil.copyfileobj(open(sys.argv[1],'rb'), open(sys.argv[2],'wb'))",
+            str(src),
+            str(fifo),
+        ]
+    )
+    try:
+        out = diagnose("--json", str(fifo))
+        assert writer.wait(timeout=60) == 0
+    finally:
+        writer.kill()
+        writer.wait()
+    assert _norm(out, str(fifo)) == want
+
+
+def test_devices_and_sockets_are_not_regular_files(tmp_path: Path) -> None:
+    import socket
+
+    for dev in ("/dev/zero", "/dev/null"):
+        out = diagnose("--json", dev)  # /dev/zero used to be read forever
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr == f"xpu-serve diagnose: {dev}: not a regular file\n"
+    sock_path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock_path))
+        out = diagnose(str(sock_path))
+    assert out.returncode == 2 and out.stderr == f"xpu-serve diagnose: {sock_path}: not a regular file\n"
+
+
+def test_endless_line_without_newline_is_cut(tmp_path: Path) -> None:
+    from xpu_serve.diagnosis import MAX_LINE, iter_file_lines
+
+    p = tmp_path / "long.log"
+    p.write_bytes(b"a" * (5 * MAX_LINE + 17) + b"\nnext line\n" + b"b" * (MAX_LINE + 1))
+    got = list(iter_file_lines(p, block=4096))  # the long lines span many reads
+    assert [len(x) for x in got] == [MAX_LINE, 9, MAX_LINE] and got[1] == "next line"
+    # 48 MiB of one line through stdin, then a real log: the verdict is the log's, memory bounded
+    src = CASES / "qwen3-30b-worker0-died" / "vllm.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xpu_serve", "diagnose", "--json", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdin is not None
+        for _ in range(48):
+            proc.stdin.write(b"x" * (1 << 20))
+        proc.stdin.write(b"\n" + src.read_bytes())
+        proc.stdin.close()
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, stderr
+    v = json.loads(stdout)
+    assert v["cause"] == "process-crash" and v["root"]["file"] == "<stdin>" and v["root"]["line"] == 108
+
+
+def test_utf16_and_utf32_logs_with_bom_give_the_same_verdict(tmp_path: Path) -> None:
+    src = CASES / "qwen3-30b-worker0-died" / "vllm.log"
+    text = src.read_text(encoding="utf-8")
+    want = _norm(diagnose("--json", str(src)), str(src))
+    for enc, crlf in (("utf-16", True), ("utf-16-be", False), ("utf-32", False), ("utf-8-sig", True)):
+        p = tmp_path / enc / "vllm.log"
+        p.parent.mkdir()
+        body = text.replace("\n", "\r\n") if crlf else text
+        data = body.encode(enc)
+        if enc == "utf-16-be":
+            data = b"\xfe\xff" + data  # the BE codec writes no BOM itself
+        p.write_bytes(data)
+        assert _norm(diagnose("--json", str(p)), str(p)) == want, enc
+    # through stdin too (PowerShell `Get-Content x | ...` style input)
+    raw = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", "--json", "-"],
+        input=text.encode("utf-16"),
+        capture_output=True,
+        timeout=120,
+    )
+    assert raw.returncode == 0, raw.stderr
+    v = json.loads(raw.stdout)
+    assert v["cause"] == want["cause"] and v["root"]["line"] == want["root"]["line"]
+
+
 # ------------------------------------------------------------------------------------- report
 def test_human_report_one_screen() -> None:
     case = CASES / "qwen3-30b-worker0-died"

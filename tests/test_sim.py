@@ -73,6 +73,12 @@ def test_active_filters_by_incarnation() -> None:
         ("worker-segv kernel=/no/such/dir/k.log", "kernel: directory /no/such/dir does not exist"),
         ("api-crash signal=HUP", "signal: one of"),
         ("worker-segv after=1 phase=load", "give after= or phase=, not both"),
+        ("worker-segv rank=1 rank=2", "rank= given twice"),
+        ("worker-segv rank=\uff11", "rank: expected an integer, got '\uff11' (ASCII digits)"),
+        ("worker-hang after=\uff11", "after: expected seconds, got '\uff11'"),
+        ("worker-exit code=1_0", "code: expected an integer, got '1_0'"),
+        ("orphans incarnation=-1", "incarnation: must be >= 1"),
+        ("orphans incarnation=0", "incarnation: must be >= 1"),
     ],
 )
 def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
@@ -95,6 +101,12 @@ def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
             {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "0"},
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: expected seconds > 0",
         ),
+        # the workers derive a port from the tag's hex: caught at start, not as a worker traceback
+        ({"XPU_SERVE_SIM_DIST_TAG": "beek"}, "XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got 'beek'"),
+        (
+            {"XPU_SERVE_SIM_FAULTS": "host-oom rank=1 rank=1"},
+            "XPU_SERVE_SIM_FAULTS: 'host-oom rank=1 rank=1': rank= given twice",
+        ),
     ],
 )
 def test_bad_spec_exits_2_with_one_line(env: dict[str, str], needle: str, tmp_path) -> None:
@@ -116,6 +128,31 @@ def test_bad_spec_exits_2_with_one_line(env: dict[str, str], needle: str, tmp_pa
 
 
 # -- kernel records ----------------------------------------------------------------------------
+def test_kernel_path_is_opened_at_parse_and_write_errors_are_reported(tmp_path, capfd) -> None:
+    new = tmp_path / "k.log"
+    assert parse_faults(f"worker-segv kernel={new}", 2)[0].kernel == str(new)
+    assert not new.exists()  # opened to check, not left behind
+    old = tmp_path / "old.log"
+    old.write_text("kept\n")
+    parse_faults(f"host-oom kernel={old}", 2)
+    assert old.read_text() == "kept\n"  # appended to, never truncated
+    dangling = tmp_path / "link.log"
+    dangling.symlink_to("/no/such/dir/k.log")  # fails to open for root too
+    with pytest.raises(FaultSpecError, match=f"kernel: cannot open {dangling} for append: No such file"):
+        parse_faults(f"worker-segv kernel={dangling}", 2)
+    if os.geteuid() != 0:
+        old.chmod(0o444)
+        with pytest.raises(FaultSpecError, match="cannot open .* for append: Permission denied"):
+            parse_faults(f"host-oom kernel={old}", 2)
+    if os.path.exists("/dev/full"):
+        # opens for append, but every write fails (ENOSPC): one line on stderr when the fault fires
+        assert parse_faults("worker-segv kernel=/dev/full", 2)[0].kernel == "/dev/full"
+        capfd.readouterr()
+        write_records("/dev/full", oom_records("VLLM::Worker_TP", os.getpid()))
+        err = capfd.readouterr().err
+        assert err == "xpu-serve sim: kernel=/dev/full: cannot write kernel record: No space left on device\n"
+
+
 def test_kernel_records_dmesg_format(tmp_path) -> None:
     path = tmp_path / "dmesg.txt"
     up = time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -27,15 +27,16 @@ keeps its first few occurrences and counts.
 
 from __future__ import annotations
 
+import codecs
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cmp_to_key
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, AnyStr, BinaryIO
 
 from xpu_serve.events import Event, kernel_message_info, parse_line
 from xpu_serve.signatures import Signature, SignatureTable, load_table
@@ -1467,53 +1468,118 @@ class Analyzer:
 
 
 # ------------------------------------------------------------------------------ files
-def iter_file_lines(path: str | Path, block: int = 1 << 20) -> Iterable[str]:
-    """Yield the lines of a file as text, streamed in blocks: UTF-8 with invalid bytes replaced,
-    NULs kept, lines longer than MAX_LINE bytes cut. Raises OSError when it cannot be opened."""
-    with open(path, "rb") as f:
-        carry = b""
-        while True:
-            chunk = f.read(block)
-            if not chunk:
-                break
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry = data if len(data) <= MAX_LINE else data[:MAX_LINE]
+# Byte-order marks recognised at the start of an input (longest first: the UTF-32-LE mark starts
+# with the UTF-16-LE one). Logs saved by Windows tools (Notepad, PowerShell `>`) are UTF-16-LE with
+# a BOM; without a mark an input is read as UTF-8.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+_Src = str | Path | tuple[str, BinaryIO]
+"""An input: a path, or (display name, binary file object already open, e.g. sys.stdin.buffer)."""
+
+
+def _cut_lines(pieces: Iterable[AnyStr], nl: AnyStr, cap: int) -> Iterator[AnyStr]:
+    """Regroup `pieces` (bytes or str) into blocks of complete lines (no trailing newline), then the
+    last unterminated line if any. A line longer than `cap` (bytes or characters) that spans
+    pieces is cut at `cap` and the rest of it, up to its newline, is dropped, so memory stays
+    bounded by piece size + cap even for an endless input without a newline."""
+    carry: AnyStr | None = None
+    skip = False
+    for piece in pieces:
+        if not piece:
+            continue
+        if skip:  # the rest of a line already cut: drop it up to its newline
+            at = piece.find(nl)
+            if at < 0:
                 continue
+            piece = piece[at:]
+            skip = False
+        data = carry + piece if carry else piece
+        cut = data.rfind(nl)
+        if cut < 0:
+            carry = data
+        else:
             carry = data[cut + 1 :]
-            if len(carry) > MAX_LINE:
-                carry = carry[:MAX_LINE]
-            text = data[:cut].decode("utf-8", "replace")
-            yield from text.split("\n")
-        if carry:
-            yield carry.decode("utf-8", "replace")
+            yield data[:cut]
+        if len(carry) > cap:
+            carry = carry[:cap]
+            skip = True
+    if carry:
+        yield carry
 
 
-def iter_file_blocks(path: str | Path, block: int = 1 << 20) -> Iterable[str]:
-    """Yield blocks of complete lines ("\n"-joined, no trailing newline) of a file, streamed:
-    UTF-8 with invalid bytes replaced, lines longer than MAX_LINE bytes cut. Raises OSError."""
-    with open(path, "rb") as f:
-        carry = b""
-        while True:
-            chunk = f.read(block)
-            if not chunk:
-                break
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry = data if len(data) <= MAX_LINE else data[:MAX_LINE]
-                continue
-            carry = data[cut + 1 :]
-            if len(carry) > MAX_LINE:
-                carry = carry[:MAX_LINE]
-            yield data[:cut].decode("utf-8", "replace")
-        if carry:
-            yield carry.decode("utf-8", "replace")
+def _read_all(f: BinaryIO, first: bytes, block: int) -> Iterator[bytes]:
+    yield first
+    while True:
+        chunk = f.read(block)
+        if not chunk:
+            return
+        yield chunk
 
 
-def diagnose_files(paths: Iterable[str | Path], analyzer: Analyzer | None = None) -> Incident:
-    """Feed every file (vLLM, kernel, or both mixed) into one Analyzer and return the Incident.
+def _blocks_of(f: BinaryIO, block: int) -> Iterator[str]:
+    """Blocks of complete lines of an open binary file, decoded by its BOM (UTF-8 without one)."""
+    first = f.read(block)
+    while 0 < len(first) < 4:  # a pipe may give a few bytes at a time: enough for the longest BOM
+        more = f.read(block)
+        if not more:
+            break
+        first += more
+    enc = "utf-8"
+    for bom, name in _BOMS:
+        if first.startswith(bom):
+            enc, first = name, first[len(bom) :]
+            break
+    raw = _read_all(f, first, block)
+    if enc == "utf-8":
+        for b in _cut_lines(raw, b"\n", MAX_LINE):
+            yield b.decode("utf-8", "replace")
+        return
+    dec = codecs.getincrementaldecoder(enc)("replace")
+
+    def texts() -> Iterator[str]:
+        for chunk in raw:
+            yield dec.decode(chunk)
+        yield dec.decode(b"", True)
+
+    yield from _cut_lines(texts(), "\n", MAX_LINE)
+
+
+def iter_file_blocks(src: _Src, block: int = 1 << 20) -> Iterable[str]:
+    """Yield blocks of complete lines ("\\n"-joined, no trailing newline) of one input, streamed
+    in `block`-byte reads; the input is opened once (FIFOs work; never seeks).
+
+    `src`: a path, or (name, open binary file) which is read but not closed. Decoding: a UTF-8,
+    UTF-16 or UTF-32 byte-order mark at the start selects that encoding (the mark is dropped),
+    else UTF-8; invalid bytes are replaced, NULs kept. A line longer than MAX_LINE (bytes for
+    UTF-8, characters otherwise) that spans two reads is cut at MAX_LINE, the rest dropped; within
+    one read a line is bounded by `block`. An input that never ends (a FIFO whose writer never
+    closes) is read until EOF, like `grep`. Raises OSError when it cannot be opened or read.
+    """
+    if isinstance(src, tuple):
+        yield from _blocks_of(src[1], block)
+        return
+    with open(src, "rb") as f:
+        yield from _blocks_of(f, block)
+
+
+def iter_file_lines(src: _Src, block: int = 1 << 20) -> Iterable[str]:
+    """Yield the lines of one input as text (no newline), decoded and cut as `iter_file_blocks`
+    does. Raises OSError when it cannot be opened or read."""
+    for text in iter_file_blocks(src, block):
+        yield from text.split("\n")
+
+
+def diagnose_files(paths: Iterable[_Src], analyzer: Analyzer | None = None) -> Incident:
+    """Feed every input (vLLM, kernel, or both mixed) into one Analyzer and return the Incident.
+
+    `paths`: file paths (regular files or FIFOs, each opened once, in order) or (name, open binary
+    file) pairs such as ("<stdin>", sys.stdin.buffer). Decoding as `iter_file_blocks`.
 
     With two or more files, a classified line found in several of them (same text after wrappers,
     same pid, same own time stamp) counts as often as the one file holding it most often does:
@@ -1526,7 +1592,7 @@ def diagnose_files(paths: Iterable[str | Path], analyzer: Analyzer | None = None
     if len(paths) > 1 or an._files:
         an.dedup = True  # the same line in two files of one incident (vllm.log and its per-process copies)
     for p in paths:
-        name = str(p)
+        name = p[0] if isinstance(p, tuple) else str(p)
         if name not in an._files:
             an._files.append(name)
         an._last_line.pop(name, None)

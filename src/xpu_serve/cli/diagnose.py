@@ -5,9 +5,14 @@ A bundle directory (docs/bundles.md: `RUNTIME/bundles/<id>/`) is accepted as FIL
 vLLM log (`logs/vllm.log` or `logs/<n>/vllm.log`, rotations oldest first) and `kernel.log` are
 read; the per-process logs (`logs/Worker_TP0.log`...) are not, they repeat lines of vllm.log.
 
+Inputs: regular files, FIFOs and `-` (stdin), each opened exactly once and read to EOF; an
+input that never ends (a FIFO whose writer never closes) runs until EOF, like `grep`. Lines longer
+than 64 KiB are cut, so memory stays bounded. A UTF-8/UTF-16/UTF-32 byte-order mark at the start of
+an input selects its encoding (logs saved by Windows tools are UTF-16 with a BOM); else UTF-8.
+
 Exit codes (xpu_serve.exitcodes): 0 when the analysis ran (also for `cause: unknown`),
-2 with one line on stderr for a path that cannot be read, a directory that is not a bundle, or
-no file given.
+2 with one line on stderr for a path that cannot be read, a device or socket ("PATH: not a
+regular file"), a directory that is not a bundle, or no file given.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import glob
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 from xpu_serve import exitcodes
 
@@ -117,21 +124,31 @@ def run(args: argparse.Namespace) -> int:
         expanded.append(p)
     paths = expanded
     for p in paths:
+        # only stat here: each input is opened exactly once, by diagnose_files (a FIFO opened to
+        # test it and closed loses its writer's data); a device would be read forever (/dev/zero)
         if p == "-":
             continue
         try:
-            with open(p, "rb"):
-                pass
+            st = os.stat(p)
         except OSError as e:
             print(f"xpu-serve diagnose: {p}: cannot read: {e.strerror or e}", file=sys.stderr)
             return exitcodes.USAGE
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            print(f"xpu-serve diagnose: {p}: not a regular file", file=sys.stderr)
+            return exitcodes.USAGE
+        if not os.access(p, os.R_OK):
+            print(f"xpu-serve diagnose: {p}: cannot read: Permission denied", file=sys.stderr)
+            return exitcodes.USAGE
     an = Analyzer()
     an.dedup = len(paths) > 1  # copies of a line in several files of one incident count once
+    inputs: list[str | tuple[str, BinaryIO]] = []
+    for p in paths:
+        if p != "-":
+            inputs.append(p)
+        elif not any(isinstance(i, tuple) for i in inputs):  # stdin is read once
+            inputs.append(("<stdin>", sys.stdin.buffer))
     try:
-        if "-" in paths:
-            for i, line in enumerate(sys.stdin.buffer, 1):
-                an.feed_line(line.decode("utf-8", "replace"), "<stdin>", i)
-        inc = diagnose_files([p for p in paths if p != "-"], analyzer=an)
+        inc = diagnose_files(inputs, analyzer=an)
     except OSError as e:
         print(f"xpu-serve diagnose: {e.filename or '?'}: cannot read: {e.strerror or e}", file=sys.stderr)
         return exitcodes.USAGE

@@ -10,7 +10,8 @@ Environment: ``XPU_SERVE_SIM_FAULTS`` (see :mod:`xpu_serve.sim.faults`),
 ``XPU_SERVE_SIM_TIME_SCALE``, ``XPU_SERVE_SIM_TOKEN_RATE`` (engine steps per second, default 50),
 ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300), ``VLLM_RINGBUFFER_WARNING_INTERVAL`` (60),
 ``VLLM_LOG_STATS_INTERVAL`` (10), ``XPU_SERVE_INCARNATION``, ``XPU_SERVE_SIM_DIST_TAG`` (the hex in
-``/tmp/vllm_dist_<hex>`` and ``/dev/shm/vllm_dist_<hex>-cpushm_<rank>``; random by default).
+``/tmp/vllm_dist_<hex>`` and ``/dev/shm/vllm_dist_<hex>-cpushm_<rank>``; 1-64 hex digits, checked at
+start; random by default).
 
 Exit codes: 0 after a shutdown (including every engine failure, as vLLM), 1 when start-up
 fails (as vLLM), 2 for bad arguments or a bad fault spec (one line on stderr, no traceback).
@@ -120,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"XPU_SERVE_SIM_FAULTS: {e}")
 
     dist_tag = os.environ.get("XPU_SERVE_SIM_DIST_TAG") or uuid.uuid4().hex
-    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", dist_tag):
-        return _fail(f"XPU_SERVE_SIM_DIST_TAG: letters, digits, '_' or '-' only (1-64), got {dist_tag!r}")
+    # hex only: the workers derive the init port from its first hex digits (worker.py, dist-init)
+    if not re.fullmatch(r"[0-9A-Fa-f]{1,64}", dist_tag):
+        return _fail(f"XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got {dist_tag!r}")
 
     non_default: dict[str, Any] = {}
     if args.model_tag:

@@ -18,12 +18,17 @@ Every kind accepts ``incarnation=N`` (the entry applies only when the environmen
 | slow-start | seconds (required) | weight loading takes that much longer (with progress) |
 | orphans | (none) | engine and workers outlive the API server / EngineCore |
 
+Integers are ASCII digits; a key may be given once per entry; ``incarnation`` counts from 1;
+``kernel=PATH`` must open for append when the spec is parsed (a write that fails later, e.g. on
+``/dev/full``, is reported as one line on stderr when the fault fires).
+
 Worker start-up phases, in order: ``dist-init``, ``ccl-init``, ``load``, ``kv-cache``, ``warmup``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 WORKER_PHASES = ("dist-init", "ccl-init", "load", "kv-cache", "warmup")
@@ -83,14 +88,16 @@ class Fault:
 
 
 def _int(entry: str, key: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise FaultSpecError(f"{entry!r}: {key}: expected an integer, got {value!r}") from None
+    # ASCII digits only: int() also takes other scripts' digits ("１") and "1_0"
+    if not re.fullmatch(r"[+-]?[0-9]+", value):
+        raise FaultSpecError(f"{entry!r}: {key}: expected an integer, got {value!r} (ASCII digits)")
+    return int(value)
 
 
 def _seconds(entry: str, key: str, value: str) -> float:
     try:
+        if not value.isascii() or "_" in value:  # float() also takes "１" and "1_0"
+            raise ValueError(value)
         v = float(value)
     except ValueError:
         raise FaultSpecError(f"{entry!r}: {key}: expected seconds, got {value!r}") from None
@@ -109,6 +116,21 @@ def _kernel_path(entry: str, value: str) -> str:
         raise FaultSpecError(f"{entry!r}: kernel: directory {parent} does not exist")
     if os.path.isdir(value):
         raise FaultSpecError(f"{entry!r}: kernel: {value} is a directory")
+    # open it for append now, as the fault will (no truncation; a file created here is removed
+    # again); a path that opens but fails every write (/dev/full) is reported when the fault fires
+    existed = os.path.lexists(value)
+    try:
+        fd = os.open(value, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise FaultSpecError(
+            f"{entry!r}: kernel: cannot open {value} for append: {e.strerror or e}"
+        ) from None
+    os.close(fd)
+    if not existed:
+        try:
+            os.unlink(value)
+        except OSError:
+            pass
     return value
 
 
@@ -140,6 +162,8 @@ def parse_faults(spec: str, tensor_parallel_size: int) -> list[Fault]:
             key, sep, value = w.partition("=")
             if not sep or not key or not value:
                 raise FaultSpecError(f"{entry!r}: expected key=value, got {w!r}")
+            if key in kv:
+                raise FaultSpecError(f"{entry!r}: {key}= given twice")
             if key not in allowed:
                 raise FaultSpecError(
                     f"{entry!r}: {kind} does not take {key}= (it takes: {', '.join(sorted(allowed))})"
@@ -148,6 +172,10 @@ def parse_faults(spec: str, tensor_parallel_size: int) -> list[Fault]:
         f: dict[str, object] = {"kind": kind, "text": entry}
         if "incarnation" in kv:
             f["incarnation"] = _int(entry, "incarnation", kv["incarnation"])
+            if int(f["incarnation"]) < 1:  # type: ignore[call-overload]
+                raise FaultSpecError(
+                    f"{entry!r}: incarnation: must be >= 1 (the first is 1), got {kv['incarnation']!r}"
+                )
         if "rank" in _KEYS[kind]:
             rank = _int(entry, "rank", kv.get("rank", "0"))
             if not 0 <= rank < tensor_parallel_size:

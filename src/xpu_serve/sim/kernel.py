@@ -20,6 +20,7 @@ Record texts:
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 LIBZE = "libze_intel_gpu.so.1.14.37020"
@@ -38,8 +39,9 @@ def boottime() -> float:
 
 def write_records(path: str, records: list[tuple[int, str]]) -> None:
     """Append `records` ((priority 0-7, message)) to `path` in dmesg format, or inject them into
-    /dev/kmsg when `path` is "/dev/kmsg". Errors are ignored: a lost kernel record must not
-    change what the simulated vLLM does."""
+    /dev/kmsg when `path` is "/dev/kmsg". An error (e.g. ENOSPC on /dev/full) is reported as one
+    line on stderr and otherwise ignored: a lost kernel record must not change what the simulated
+    vLLM does."""
     try:
         if path == "/dev/kmsg":
             fd = os.open(path, os.O_WRONLY)
@@ -56,8 +58,12 @@ def write_records(path: str, records: list[tuple[int, str]]) -> None:
                 os.write(fd, f"[{int(t):5d}.{int((t % 1) * 1e6):06d}] {msg}\n".encode())
         finally:
             os.close(fd)
-    except OSError:
-        pass
+    except OSError as e:
+        try:
+            sys.stderr.write(f"xpu-serve sim: kernel={path}: cannot write kernel record: {e.strerror or e}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def segfault_records(comm: str, pid: int, cpu: int, library: str = LIBZE) -> list[tuple[int, str]]:
