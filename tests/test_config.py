@@ -226,3 +226,291 @@ def test_config_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c = tmp_path / "c.yaml"
     c.write_text("engine: {model: m, port: 8001}\n")
     assert config_hash(load_config(c)) != h1
+
+
+# --------------------------------------------------------------------------- hostile input (issue 2)
+
+
+def _bomb() -> str:
+    """A "billion laughs": 9 levels of 9 aliases each, 9**9 strings when expanded."""
+    lines = ["engine: {model: m}", "a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+_NUL_MSG = "contains a NUL character: it cannot be passed in a command line or the environment"
+_INTERP_HINT = "write ${NAME} or ${NAME:-default} (NAME: letters, digits, _), or $${ for a literal ${"
+
+# (name, file text (str, or bytes written as they are), the one expected stderr line after "FILE")
+HOSTILE: list[tuple[str, str | bytes, str]] = [
+    (
+        "huge-tp",
+        "engine:\n  model: m\n  tensor_parallel_size: 99999999999999999999999999999\n",
+        ":3: engine.tensor_parallel_size: must be <= 64",
+    ),
+    (
+        "tp-65",
+        "engine: {model: m, tensor_parallel_size: 65}\n",
+        ":1: engine.tensor_parallel_size: must be <= 64",
+    ),
+    ("port-0", "engine: {model: m, port: 0}\n", ":1: engine.port: must be >= 1"),
+    (
+        "inf-duration",
+        "engine: {model: m}\nsupervision:\n  stop: {grace_s: .inf}\n",
+        ":3: supervision.stop.grace_s: must be a finite number, got inf",
+    ),
+    (
+        "1e400-duration",
+        "engine: {model: m}\nsupervision:\n  stop:\n    grace_s: 1.0e+400\n",
+        ":4: supervision.stop.grace_s: must be a finite number, got inf",
+    ),
+    (
+        "1e400-is-a-string",  # YAML 1.1 floats need a dot and a signed exponent
+        "engine: {model: m}\nsupervision:\n  stop:\n    grace_s: 1e400\n",
+        ":4: supervision.stop.grace_s: must be a number, got '1e400'",
+    ),
+    (
+        "31-days",
+        "engine: {model: m}\nsupervision: {hang: {after_s: 2678400}}\n",
+        ":2: supervision.hang.after_s: must be <= 2592000",
+    ),
+    (
+        "byte-cap",
+        "engine: {model: m}\nbundles:\n  max_bytes: 1099511627777\n",
+        ":3: bundles.max_bytes: must be <= 1099511627776",
+    ),
+    ("count", "engine: {model: m}\nbundles: {keep: 1000000}\n", ":2: bundles.keep: must be <= 10000"),
+    (
+        "nul-byte",
+        b"engine:\n  model: m\x00\n",
+        ":2: malformed YAML: unacceptable character #x0000 at column 11: special characters are not allowed",
+    ),
+    (
+        "recursive-alias",
+        "engine: {model: m}\nx: &x [*x]\n",
+        ":2: x[0]: alias *x is inside its own anchor (recursive)",
+    ),
+    (
+        "deep-block",
+        "engine: {model: m}\n" + "".join(" " * i + f"k{i}:\n" for i in range(1000)),
+        ":67: " + ".".join(f"k{i}" for i in range(22)) + "...: nested deeper than 64 levels",
+    ),
+    (
+        "deep-flow",
+        "engine: {model: m}\nx: " + "[" * 5000 + "\n",
+        ":2: x" + "[0]" * 25 + "[...: nested deeper than 64 levels",
+    ),
+    (
+        "5001-digits",
+        "engine: {model: m}\nx: " + "1" * 5001 + "\n",
+        ":2: x: integer of 5001 digits; the limit is 100",
+    ),
+    ("quoted-nul-model", 'engine: {model: "/a\\0b"}\n', ":1: engine.model: " + _NUL_MSG),
+    (
+        "nul-env-value",
+        'engine: {model: m}\nenvironment:\n  vars:\n    A: "x\\0"\n',
+        ":4: environment.vars.A: " + _NUL_MSG,
+    ),
+    (
+        "nul-in-command",
+        'engine: {model: m, command: ["vllm\\0", serve]}\n',
+        ":1: engine.command[0]: " + _NUL_MSG,
+    ),
+    ("nul-in-key", 'engine: {model: m, args: {"a\\0": 1}}\n', ":1: engine.args.a\\x00: " + _NUL_MSG),
+    (
+        "billion-laughs",
+        _bomb(),
+        ":6: a4[0]: more than 10000 values in the file (an alias counts as everything its anchor holds); "
+        "a config needs a few hundred",
+    ),
+    (
+        "200k-keys",
+        "engine: {model: m}\n" + "a: 1\n" * 200_000,
+        ":5000: more than 10000 values in the file (an alias counts as everything its anchor holds); "
+        "a config needs a few hundred",
+    ),
+    (
+        "20MB-comment",
+        "engine: {model: m}\n#" + "x" * (20 * 1024 * 1024) + "\n",
+        ": config file is 20971541 bytes; the limit is 1 MiB",
+    ),
+    (
+        "tp-true",
+        "engine: {model: m, tensor_parallel_size: true}\n",
+        ":1: engine.tensor_parallel_size: must be an integer, got true",
+    ),
+    (
+        "tp-float",
+        "engine: {model: m, tensor_parallel_size: 4.0}\n",
+        ":1: engine.tensor_parallel_size: must be an integer, got 4.0",
+    ),
+    ("port-quoted", 'engine: {model: m, port: "8100"}\n', ":1: engine.port: must be an integer, got '8100'"),
+    (
+        "bool-duration",
+        "engine: {model: m}\nsupervision: {stop: {grace_s: true}}\n",
+        ":2: supervision.stop.grace_s: must be a number, got true",
+    ),
+    (
+        "bool-from-string",
+        "engine: {model: m, enforce_eager: 'yes'}\n",
+        ":1: engine.enforce_eager: must be true or false, got 'yes'",
+    ),
+    ("empty-model", 'engine:\n  model: ""\n', ":2: engine.model: must not be empty"),
+    (
+        "empty-command-item",
+        'engine:\n  model: m\n  command: [""]\n',
+        ":3: engine.command[0]: must not be empty",
+    ),
+    ("empty-command", "engine:\n  model: m\n  command: []\n", ":3: engine.command: must not be empty"),
+    (
+        "malformed-var",
+        "engine:\n  model: m\n  host: '${A B}'\n",
+        f":3: engine.host: malformed variable reference '${{A B}}': {_INTERP_HINT}",
+    ),
+    (
+        "unclosed-var",
+        "engine:\n  model: '/x/${'\n",
+        f":2: engine.model: malformed variable reference '${{': {_INTERP_HINT}",
+    ),
+    (
+        "bad-listen",
+        "engine: {model: m}\nmetrics:\n  listen: localhost\n",
+        ":3: metrics.listen: must be HOST:PORT with PORT 0-65535, got 'localhost'",
+    ),
+    (
+        "bad-listen-port",
+        "engine: {model: m}\nmetrics: {listen: 'h:65536'}\n",
+        ":2: metrics.listen: must be HOST:PORT with PORT 0-65535, got 'h:65536'",
+    ),
+    (
+        "bad-webhook",
+        "engine: {model: m}\nwebhook:\n  url: ftp://example.com/x\n",
+        ":3: webhook.url: must be an http:// or https:// URL with a host, got 'ftp://example.com/x'",
+    ),
+    (
+        "webhook-no-host",
+        "engine: {model: m}\nwebhook: {url: 'http://'}\n",
+        ":2: webhook.url: must be an http:// or https:// URL with a host, got 'http://'",
+    ),
+    (
+        "inf-in-args",
+        "engine:\n  model: m\n  args:\n    x: [1, .inf]\n",
+        ":4: engine.args.x: must be a finite number, got inf",
+    ),
+    (
+        "binary",
+        "engine: {model: !!binary AAA=}\n",
+        ":1: engine.model: binary values (!!binary) are not supported",
+    ),
+]
+
+
+def _run_measured(cmd: list[str], cwd: Path, limit_s: float = 60.0) -> tuple[int, str, str, float, int]:
+    """(exit code, stdout, stderr, wall seconds, peak RSS in bytes) of one real subprocess, killed
+    after `limit_s` (its own rusage from wait4, not the max over all children of the test)."""
+    import threading
+    import time
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    killer = threading.Timer(limit_s, proc.kill)
+    killer.start()
+    try:
+        out_chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()))  # type: ignore[union-attr]
+        reader.start()
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        reader.join()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        killer.cancel()
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+    return (
+        proc.returncode,
+        out_chunks[0].decode(),
+        err.decode(),
+        time.monotonic() - t0,
+        usage.ru_maxrss * 1024,
+    )
+
+
+@pytest.mark.parametrize("name,text,expected", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_config_one_line_exit_2_fast(
+    xpu_serve_cmd: list[str], tmp_path: Path, name: str, text: str | bytes, expected: str
+) -> None:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, out, err, wall, rss = _run_measured([*xpu_serve_cmd, "render", "-c", str(cfg)], tmp_path)
+    assert (code, out) == (exitcodes.USAGE, "")
+    assert err.splitlines() == [f"{cfg}{expected}"]
+    assert wall < 10, f"took {wall:.1f} s"
+    assert rss < 300 * 1024**2, f"peak RSS {rss / 1024**2:.0f} MiB"
+
+
+@pytest.mark.parametrize("sub", ["check", "unit", "up"])
+@pytest.mark.parametrize("name", ["nul-byte", "huge-tp", "nul-env-value", "bad-listen"])
+def test_hostile_config_every_subcommand(
+    xpu_serve_cmd: list[str], tmp_path: Path, sub: str, name: str
+) -> None:
+    """`up` refuses what `render` refuses, before it creates anything or starts an engine."""
+    text, expected = next((t, e) for n, t, e in HOSTILE if n == name)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    extra = ["--runtime-dir", str(tmp_path / "rt")] if sub in ("up", "check") else []
+    code, _, err, wall, _ = _run_measured([*xpu_serve_cmd, sub, "-c", str(cfg), *extra], tmp_path)
+    assert code == exitcodes.USAGE
+    assert err.splitlines() == [f"{cfg}{expected}"]
+    assert wall < 10
+    assert not (tmp_path / "rt").exists()
+
+
+def test_interpolated_numbers_and_bools(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Environment values are strings: a number or boolean field accepts one from `${VAR}`."""
+    monkeypatch.setenv("XPU_T_TP", "4")
+    monkeypatch.setenv("XPU_T_EAGER", "true")
+    monkeypatch.delenv("XPU_T_NONE", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "engine:\n  model: m\n  port: '${XPU_T_NONE:-8100}'\n  tensor_parallel_size: ${XPU_T_TP}\n"
+        "  enforce_eager: ${XPU_T_EAGER}\n  gpu_memory_utilization: ${XPU_T_NONE:-0.9}\n"
+        "supervision: {stop: {grace_s: '${XPU_T_NONE:-2.5}'}}\n"
+        "environment: {vars: {LIT: '$${A B}'}}\n"
+    )
+    c = load_config(cfg)
+    assert (c.engine.port, c.engine.tensor_parallel_size, c.engine.enforce_eager) == (8100, 4, True)
+    assert (c.engine.gpu_memory_utilization, c.supervision.stop.grace_s) == (0.9, 2.5)
+    assert c.environment.vars == {"LIT": "${A B}"}
+    monkeypatch.setenv("XPU_T_TP", "four")
+    with pytest.raises(ConfigError) as ei:
+        load_config(cfg)
+    assert ei.value.problems == [f"{cfg}:4: engine.tensor_parallel_size: must be an integer, got 'four'"]
+
+
+def test_config_at_the_size_limit_loads(tmp_path: Path) -> None:
+    from xpu_serve.config import MAX_FILE_BYTES
+
+    cfg = tmp_path / "c.yaml"
+    head = "engine: {model: m}\n#"
+    cfg.write_text(head + "x" * (MAX_FILE_BYTES - len(head) - 1) + "\n")
+    assert cfg.stat().st_size == MAX_FILE_BYTES
+    assert load_config(cfg).engine.model == "m"
+
+
+def test_many_problems_are_capped(tmp_path: Path) -> None:
+    from xpu_serve.config import MAX_PROBLEMS
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine:\n  model: m\n" + "".join(f"  k{i}: 1\n" for i in range(3000)))
+    with pytest.raises(ConfigError) as ei:
+        load_config(cfg)
+    assert len(ei.value.problems) == MAX_PROBLEMS == 20
+    assert ei.value.problems[0] == f"{cfg}:3: engine.k0: unknown key"
+    assert ei.value.problems[-1] == f"{cfg}: ... and {3000 - 19} more problems"

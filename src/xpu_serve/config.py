@@ -5,6 +5,12 @@ from the environment, validates it against `Config` and returns it; every proble
 "FILE:LINE: key.path: message" naming the YAML line of the offending key, collected in
 `ConfigError.problems`. Field names here are the contract other modules use; rename only with care.
 
+Hostile input gets the same one line (issue 2): the file is capped at MAX_FILE_BYTES, the YAML
+composer counts nodes (aliases at the full size of their anchor: MAX_NODES), nesting (MAX_DEPTH)
+and integer digits (MAX_INT_DIGITS), refuses recursive aliases; every number has an upper bound
+(durations MAX_DURATION_S, finite); ints, floats and bools are strict (a bool is not an int, a
+string is not a number unless `${VAR}` produced it); NUL characters and malformed `${` are errors.
+
 `python -m xpu_serve.config --reference` prints the config reference in the README (generated from
 the field descriptions below; tests/test_readme.py keeps the two equal).
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -23,17 +30,88 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from annotated_types import Ge, Gt, Le
 from pydantic import (
     AfterValidator,
+    AllowInfNan,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    PositiveFloat,
-    PositiveInt,
+    Strict,
+    StringConstraints,
     ValidationError,
     field_validator,
 )
+
+# --------------------------------------------------------------------------- limits
+# Hostile or broken input must end in one line and exit 2, fast and in bounded memory (issue 2).
+# A real config is a few KB, a few hundred YAML nodes, nested 3-6 levels.
+
+MAX_FILE_BYTES = 1024 * 1024
+"""A config file larger than this (1 MiB) is refused before parsing."""
+MAX_NODES = 10_000
+"""YAML nodes in the document, every use of an alias counted with the full size of its anchor
+(this is what stops a "billion laughs" alias bomb, and bounds the parse time of any file)."""
+MAX_DEPTH = 64
+"""Nesting levels of mappings and sequences (deeper input would exhaust Python's recursion)."""
+MAX_INT_DIGITS = 100
+"""Digits of an integer literal (Python refuses to parse more than 4300)."""
+MAX_PROBLEMS = 20
+"""At most this many problem lines (the last one says how many more there were)."""
+MAX_DURATION_S = 30 * 86400
+"""Upper bound of every duration field: 30 days, in seconds (also rejects `.inf` and 1e400)."""
+MAX_TP = 64
+"""Upper bound of `engine.tensor_parallel_size`: vLLM's tensor parallelism spans the GPUs of one
+host (more hosts use pipeline/data parallelism or Ray); the largest single hosts have 8-16 GPUs,
+an Arc Pro B60 box 4-8. 64 leaves room, and keeps per-rank work in the supervisor small."""
+MAX_TOKENS = 2**31 - 1
+"""Upper bound of token counts (`max_model_len`, `max_num_batched_tokens`): int32, as vLLM's
+tensors index tokens."""
+MAX_COUNT = 10_000
+"""Upper bound of small counts (`max_failures`, `health.failures`, `bundles.keep`)."""
+
+
+class _FromEnv(str):
+    """A string value that `${VAR}` interpolation produced: environment values are always strings,
+    so a number or boolean field accepts it when it parses (`port: "${PORT:-8100}"`). A string
+    written as such in the file is not a number."""
+
+
+def _env_int(v: Any) -> Any:
+    if isinstance(v, _FromEnv) and re.fullmatch(r"\s*[+-]?[0-9]{1,100}\s*", v):
+        return int(v)
+    return v
+
+
+def _env_float(v: Any) -> Any:
+    if isinstance(v, _FromEnv) and re.fullmatch(
+        r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", v
+    ):
+        return float(v) if len(v) <= 64 else v
+    return v
+
+
+def _env_bool(v: Any) -> Any:
+    if isinstance(v, _FromEnv):
+        return {"true": True, "1": True, "false": False, "0": False}.get(v.strip().lower(), v)
+    return v
+
+
+_Int = Annotated[int, Strict(), BeforeValidator(_env_int)]
+"""An integer: not a bool, not a float, not a string unless it came from `${VAR}`."""
+_Float = Annotated[float, Strict(), AllowInfNan(False), BeforeValidator(_env_float)]
+"""A finite number: not a bool, not a string unless it came from `${VAR}`; an int is fine."""
+Seconds = Annotated[_Float, Gt(0), Le(MAX_DURATION_S)]
+SecondsOrZero = Annotated[_Float, Ge(0), Le(MAX_DURATION_S)]
+TPSize = Annotated[_Int, Gt(0), Le(MAX_TP)]
+Port = Annotated[_Int, Ge(1), Le(65535)]
+Tokens = Annotated[_Int, Gt(0), Le(MAX_TOKENS)]
+BlockSize = Annotated[_Int, Gt(0), Le(1024)]
+Count = Annotated[_Int, Gt(0), Le(MAX_COUNT)]
+Bool = Annotated[bool, Strict(), BeforeValidator(_env_bool)]
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+Command = Annotated[list[NonEmptyStr], Field(min_length=1)]
 
 # --------------------------------------------------------------------------- presets (data)
 
@@ -63,7 +141,7 @@ def _known_preset(name: str) -> str:
     if name not in presets:
         close = difflib.get_close_matches(name, list(presets), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown preset {name!r}{hint}; known: {', '.join(presets)}")
+        raise ValueError(f"unknown preset {_shown(name)}{hint}; known: {', '.join(presets)}")
     return name
 
 
@@ -113,35 +191,45 @@ def _check_args(args: dict[str, Any]) -> dict[str, Any]:
             raise _KeyProblem(key, f"has its own key: use engine.{flag.replace('-', '_')}")
         if isinstance(value, list) and any(isinstance(x, (dict, list)) for x in value):
             raise _KeyProblem(key, "list items must be scalars")
-    return args
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise _KeyProblem(key, f"must be a finite number, got {item}")
+    # plain str again where a value came from `${VAR}` (see _FromEnv)
+    return {
+        k: [str(x) if isinstance(x, _FromEnv) else x for x in v]
+        if isinstance(v, list)
+        else (str(v) if isinstance(v, _FromEnv) else v)
+        for k, v in args.items()
+    }
 
 
 class EngineConfig(_Strict):
     """The `vllm serve` invocation. Typed fields render as their vLLM flags; `args` passes the rest."""
 
-    command: list[str] = Field(
+    command: Command = Field(
         default_factory=lambda: ["vllm", "serve"],
-        min_length=1,
-        description="argv prefix that starts the server; `${VAR}` allowed (e.g. a venv path)",
+        description="argv prefix that starts the server, non-empty strings; `${VAR}` allowed (e.g. a venv path)",
     )
-    model: str = Field(description="model directory or hub id (required)")
+    model: NonEmptyStr = Field(description="model directory or hub id (required)")
     model_arg: Literal["positional", "flag"] = Field(
         "positional",
         description="how the model is passed: `positional` (`vllm serve MODEL`, what vLLM "
         "recommends) or `flag` (`--model MODEL`, deprecated by vLLM but still accepted)",
     )
-    served_model_name: str | None = Field(None, description="`--served-model-name`")
-    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size` (always rendered)")
-    host: str = Field("127.0.0.1", description="`--host` (always rendered; health checks use it)")
-    port: int = Field(8000, ge=1, le=65535, description="`--port` (always rendered; health checks use it)")
-    dtype: str | None = Field(None, description="`--dtype`")
-    max_model_len: PositiveInt | None = Field(None, description="`--max-model-len`")
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="`--gpu-memory-utilization`")
-    enforce_eager: bool = Field(False, description="`--enforce-eager` when true")
-    trust_remote_code: bool = Field(False, description="`--trust-remote-code` when true")
-    quantization: str | None = Field(None, description="`--quantization`")
-    block_size: PositiveInt | None = Field(None, description="`--block-size`")
-    max_num_batched_tokens: PositiveInt | None = Field(None, description="`--max-num-batched-tokens`")
+    served_model_name: NonEmptyStr | None = Field(None, description="`--served-model-name`")
+    tensor_parallel_size: TPSize = Field(
+        1, description="`--tensor-parallel-size` (always rendered; GPUs of one host, hence <= 64)"
+    )
+    host: NonEmptyStr = Field("127.0.0.1", description="`--host` (always rendered; health checks use it)")
+    port: Port = Field(8000, description="`--port` (always rendered; health checks use it)")
+    dtype: NonEmptyStr | None = Field(None, description="`--dtype`")
+    max_model_len: Tokens | None = Field(None, description="`--max-model-len`")
+    gpu_memory_utilization: _Float | None = Field(None, gt=0, le=1, description="`--gpu-memory-utilization`")
+    enforce_eager: Bool = Field(False, description="`--enforce-eager` when true")
+    trust_remote_code: Bool = Field(False, description="`--trust-remote-code` when true")
+    quantization: NonEmptyStr | None = Field(None, description="`--quantization`")
+    block_size: BlockSize | None = Field(None, description="`--block-size`")
+    max_num_batched_tokens: Tokens | None = Field(None, description="`--max-num-batched-tokens`")
     api_key: str | None = Field(
         None,
         description="`--api-key`; write `${VAR}` so the key never sits in the file; empty = none; shown as `***`",
@@ -186,51 +274,47 @@ class EnvironmentConfig(_Strict):
 class RestartConfig(_Strict):
     """Restart policy: exponential backoff with jitter, reset after a stable period, crash-loop limit."""
 
-    initial_delay_s: PositiveFloat = Field(5.0, description="backoff before the first restart, seconds")
-    multiplier: float = Field(2.0, ge=1.0, description="backoff growth per consecutive failure")
-    max_delay_s: PositiveFloat = Field(300.0, description="backoff ceiling, seconds")
-    stable_after_s: PositiveFloat = Field(600.0, description="healthy this long resets the backoff, seconds")
-    max_failures: PositiveInt = Field(
-        5, description="this many failures inside the window -> give up (exit 3)"
-    )
-    failure_window_s: PositiveFloat = Field(1800.0, description="window for `max_failures`, seconds")
+    initial_delay_s: Seconds = Field(5.0, description="backoff before the first restart, seconds")
+    multiplier: _Float = Field(2.0, ge=1.0, le=100, description="backoff growth per consecutive failure")
+    max_delay_s: Seconds = Field(300.0, description="backoff ceiling, seconds")
+    stable_after_s: Seconds = Field(600.0, description="healthy this long resets the backoff, seconds")
+    max_failures: Count = Field(5, description="this many failures inside the window -> give up (exit 3)")
+    failure_window_s: Seconds = Field(1800.0, description="window for `max_failures`, seconds")
 
 
 class HealthConfig(_Strict):
     """`GET /health` polling (vLLM answers 200 even while hung: progress is watched separately)."""
 
-    interval_s: PositiveFloat = Field(5.0, description="`GET /health` period, seconds")
-    timeout_s: PositiveFloat = Field(5.0, description="one `/health` request timeout, seconds")
-    failures: PositiveInt = Field(3, description="consecutive failed checks that mean unhealthy")
+    interval_s: Seconds = Field(5.0, description="`GET /health` period, seconds")
+    timeout_s: Seconds = Field(5.0, description="one `/health` request timeout, seconds")
+    failures: Count = Field(3, description="consecutive failed checks that mean unhealthy")
 
 
 class StartupConfig(_Strict):
     """Start-up limits: a stall (no start-up progress) and an overall deadline, seconds."""
 
-    stall_s: PositiveFloat = Field(
-        600.0, description="no start-up progress for this long -> startup-hang, seconds"
-    )
-    timeout_s: PositiveFloat = Field(3600.0, description="overall limit to become ready, seconds")
+    stall_s: Seconds = Field(600.0, description="no start-up progress for this long -> startup-hang, seconds")
+    timeout_s: Seconds = Field(3600.0, description="overall limit to become ready, seconds")
 
 
 class HangConfig(_Strict):
     """Engine hang watchdog: progress from `/metrics` and log stats, optional canary request."""
 
-    enabled: bool = Field(True, description="watch for an engine that stops making progress")
-    after_s: PositiveFloat = Field(
+    enabled: Bool = Field(True, description="watch for an engine that stops making progress")
+    after_s: Seconds = Field(
         90.0, description="no progress with work in flight for this long -> hang, seconds"
     )
-    metrics_interval_s: PositiveFloat = Field(5.0, description="`/metrics` poll period, seconds")
-    canary: bool = Field(False, description="send a tiny completion request when idle")
-    canary_interval_s: PositiveFloat = Field(60.0, description="canary period, seconds")
-    canary_timeout_s: PositiveFloat = Field(30.0, description="canary deadline, seconds")
+    metrics_interval_s: Seconds = Field(5.0, description="`/metrics` poll period, seconds")
+    canary: Bool = Field(False, description="send a tiny completion request when idle")
+    canary_interval_s: Seconds = Field(60.0, description="canary period, seconds")
+    canary_timeout_s: Seconds = Field(30.0, description="canary deadline, seconds")
 
 
 class StopConfig(_Strict):
     """Stopping the engine: SIGTERM grace and waiting for the port to be released, seconds."""
 
-    grace_s: PositiveFloat = Field(20.0, description="SIGTERM to SIGKILL, seconds")
-    port_free_timeout_s: PositiveFloat = Field(
+    grace_s: Seconds = Field(20.0, description="SIGTERM to SIGKILL, seconds")
+    port_free_timeout_s: Seconds = Field(
         30.0, description="wait for the port to be free before a restart, seconds"
     )
 
@@ -248,20 +332,17 @@ class SupervisionConfig(_Strict):
 class KernelWatchConfig(_Strict):
     """The kernel log watcher (Xe GPU faults, engine resets, user-mode driver segfault lines)."""
 
-    enabled: bool = Field(True, description="read the kernel log (GPU faults, segfault lines)")
+    enabled: Bool = Field(True, description="read the kernel log (GPU faults, segfault lines)")
     source: Literal["auto", "kmsg", "journalctl", "dmesg", "file", "none"] = Field(
         "auto", description="`auto` tries `/dev/kmsg`, then `journalctl -k`, then `dmesg`"
     )
-    path: str | None = Field(None, description="the file to follow for `source: file`")
-    lookback_s: PositiveFloat = Field(
-        60.0, description="kernel records this far before a failure count, seconds"
-    )
-    device_check: list[str] | None = Field(
+    path: NonEmptyStr | None = Field(None, description="the file to follow for `source: file`")
+    lookback_s: Seconds = Field(60.0, description="kernel records this far before a failure count, seconds")
+    device_check: Command | None = Field(
         None, description="command that exits 0 once a wedged device answers again (gates a restart)"
     )
-    settle_s: float = Field(
+    settle_s: SecondsOrZero = Field(
         0.5,
-        ge=0,
         description="after a crash, wait this long for the kernel's segfault record before the verdict, seconds",
     )
 
@@ -275,26 +356,60 @@ class WatchersConfig(_Strict):
 class BundlesConfig(_Strict):
     """Diagnostic bundles written on each incident: retention and size caps (bytes)."""
 
-    keep: PositiveInt = Field(20, description="bundles kept in the runtime directory")
-    max_bytes: PositiveInt = Field(2 * 1024**3, description="total size cap of all bundles, bytes")
-    log_cap_bytes: PositiveInt = Field(64 * 1024**2, description="engine log kept per bundle, bytes")
-    tar: bool = Field(False, description="also write each bundle as a .tar.gz")
-    collector_timeout_s: PositiveFloat = Field(10.0, description="limit per evidence collector, seconds")
-    release_devcoredump: bool = Field(False, description="free the Xe devcoredump after copying it")
+    keep: Count = Field(20, description="bundles kept in the runtime directory")
+    max_bytes: Annotated[_Int, Gt(0), Le(2**40)] = Field(
+        2 * 1024**3, description="total size cap of all bundles, bytes (<= 1 TiB)"
+    )
+    log_cap_bytes: Annotated[_Int, Gt(0), Le(2**32)] = Field(
+        64 * 1024**2,
+        description="engine log (and devcoredump) kept per bundle, bytes (<= 4 GiB: a devcoredump is read into memory)",
+    )
+    tar: Bool = Field(False, description="also write each bundle as a .tar.gz")
+    collector_timeout_s: Seconds = Field(10.0, description="limit per evidence collector, seconds")
+    release_devcoredump: Bool = Field(False, description="free the Xe devcoredump after copying it")
+
+
+def _check_listen(v: str) -> str:
+    """HOST:PORT or [IPV6]:PORT, PORT 0-65535 (what integrations.metrics.parse_listen accepts)."""
+    host, sep, port = v.rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise ValueError(f"must be HOST:PORT with PORT 0-65535, got {_shown(v)}")
+    if not host or re.search(r"[\s/]", host) or (host.startswith("[") != host.endswith("]")):
+        raise ValueError(f"must be HOST:PORT with a host name or address, got {_shown(v)}")
+    return v
+
+
+def _check_url(v: str) -> str:
+    """An absolute http:// or https:// URL with a host (urllib.parse.urlsplit)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not re.search(r"\s", v)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {_shown(v)}")
+    return v
 
 
 class MetricsConfig(_Strict):
     """The supervisor's own Prometheus endpoint."""
 
-    enabled: bool = Field(True, description="serve the supervisor's Prometheus metrics")
-    listen: str = Field("127.0.0.1:9400", description="HOST:PORT of the metrics endpoint")
+    enabled: Bool = Field(True, description="serve the supervisor's Prometheus metrics")
+    listen: Annotated[str, AfterValidator(_check_listen)] = Field(
+        "127.0.0.1:9400", description="HOST:PORT of the metrics endpoint (PORT 0-65535, 0 = any free port)"
+    )
 
 
 class WebhookConfig(_Strict):
     """Incident notification by HTTP POST."""
 
-    url: str | None = Field(None, description="POST each incident summary here (JSON)")
-    timeout_s: PositiveFloat = Field(5.0, description="webhook request timeout, seconds")
+    url: Annotated[str, AfterValidator(_check_url)] | None = Field(
+        None, description="POST each incident summary here (JSON); an http:// or https:// URL"
+    )
+    timeout_s: Seconds = Field(5.0, description="webhook request timeout, seconds")
 
 
 class Config(_Strict):
@@ -307,7 +422,7 @@ class Config(_Strict):
     bundles: BundlesConfig = Field(default_factory=BundlesConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
-    runtime_dir: str = Field(
+    runtime_dir: NonEmptyStr = Field(
         "/var/lib/xpu-serve",
         description="state, logs and bundles (relative: to the current directory); "
         "`up --runtime-dir` overrides",
@@ -330,12 +445,15 @@ Loc = tuple[str | int, ...]
 
 
 def _path_str(loc: Loc) -> str:
+    """("engine", "command", 0) -> "engine.command[0]"; a key with a control character is shown
+    escaped (the message stays one line), a key longer than 60 characters is cut."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part) if str(part).isprintable() else repr(str(part))[1:-1]
+            out += ("." if out else "") + (text if len(text) <= 60 else text[:57] + "...")
     return out
 
 
@@ -370,7 +488,7 @@ def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
     return 1
 
 
-_VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|(\$\{[^}]{0,30}\}?)")
 
 
 def builtin_env() -> dict[str, str]:
@@ -387,6 +505,10 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
 
     `$$` stands for a literal `$`. `${VAR:-default}` uses the default when VAR is unset or empty,
     as in POSIX sh. Returns (new text, names of variables that were unset and had no default).
+
+    Raises:
+        ValueError: a malformed reference (`${`, `${A B}`, `${A:x}`...), naming it; write `$${`
+            for a literal `${`.
     """
     source = os.environ if env is None else env
     builtins = builtin_env() if env is None else {}
@@ -395,6 +517,11 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
     def sub(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
+        if m.group(3) is not None:
+            raise ValueError(
+                f"malformed variable reference {_shown(m.group(3))}: write ${{NAME}} or ${{NAME:-default}} "
+                "(NAME: letters, digits, _), or $${ for a literal ${"
+            )
         name, default = m.group(1), m.group(2)
         value = source.get(name)
         if value is None:
@@ -411,23 +538,51 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
     return _VAR_RE.sub(sub, text), missing
 
 
+_NUL = "contains a NUL character: it cannot be passed in a command line or the environment"
+
+
 def _interpolate_tree(data: Any, loc: Loc, problems: list[tuple[Loc, str]]) -> Any:
+    """A copy of `data` with `${...}` substituted in every string (each result a `_FromEnv` when
+    a variable was used); unset variables, malformed references and NUL characters (in keys
+    or values, before or after substitution) go to `problems` as (loc, message)."""
     if isinstance(data, dict):
+        for k in data:
+            if isinstance(k, str) and "\0" in k:
+                problems.append(((*loc, k), _NUL))
         return {k: _interpolate_tree(v, (*loc, k), problems) for k, v in data.items()}
     if isinstance(data, list):
         return [_interpolate_tree(v, (*loc, i), problems) for i, v in enumerate(data)]
+    if isinstance(data, bytes):
+        problems.append((loc, "binary values (!!binary) are not supported"))
+        return data
     if isinstance(data, str) and "$" in data:
-        new, missing = interpolate(data)
+        try:
+            new, missing = interpolate(data)
+        except ValueError as e:
+            problems.append((loc, str(e)))
+            return data
         for name in missing:
             problems.append(
                 (loc, f"environment variable {name} is not set (set it, or write ${{{name}:-default}})")
             )
-        return new
+        if "\0" in new:
+            problems.append((loc, _NUL))
+        return _FromEnv(new) if "${" in data.replace("$$", "") else new
+    if isinstance(data, str) and "\0" in data:
+        problems.append((loc, _NUL))
     return data
 
 
 def _num(v: Any) -> str:
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _shown(v: Any) -> str:
+    """A value as YAML would show it (true, null, 'text'), at most 60 characters."""
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    text = repr(str(v) if isinstance(v, str) else v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _message(err: Any) -> str:
@@ -445,19 +600,22 @@ def _message(err: Any) -> str:
         return f"must be <= {_num(ctx.get('le'))}"
     if kind == "less_than":
         return f"must be < {_num(ctx.get('lt'))}"
+    got = _shown(err.get("input"))
     if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"must be an integer, got {err.get('input')!r}"
+        return f"must be an integer, got {got}"
     if kind in ("float_parsing", "float_type"):
-        return f"must be a number, got {err.get('input')!r}"
+        return f"must be a number, got {got}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {got}"
     if kind in ("bool_parsing", "bool_type"):
-        return f"must be true or false, got {err.get('input')!r}"
+        return f"must be true or false, got {got}"
     if kind == "string_type":
         return f"must be a string, got {type(err.get('input')).__name__}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return f"must be a mapping, got {type(err.get('input')).__name__}"
     if kind == "list_type":
         return f"must be a list, got {type(err.get('input')).__name__}"
-    if kind == "too_short":
+    if kind in ("too_short", "string_too_short"):
         return "must not be empty"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {err.get('input')!r}"
@@ -479,29 +637,143 @@ def _unknown_key_hint(loc: Loc) -> str:
     return f" (did you mean {close[0]!r}?)" if close and close[0] != "source_path" else ""
 
 
+class _LimitError(Exception):
+    """Input past one of the limits above: `line` (1-based) and `path` (key path) where known."""
+
+    def __init__(self, line: int, path: Loc, message: str):
+        super().__init__(message)
+        self.line, self.path, self.message = line, path, message
+
+
+def _safe_loader(text: str) -> Any:
+    """A yaml.SafeLoader for `text` that counts nodes (aliases at their anchor's full size) while
+    composing, and refuses recursive aliases, nesting past MAX_DEPTH, integers longer than
+    MAX_INT_DIGITS and `!!binary`, raising `_LimitError` at once (PyYAML's composer itself expands
+    nothing but has no limits: a recursive or exponential alias graph breaks every later walk).
+
+    Raises:
+        yaml.YAMLError: as PyYAML (yaml.reader.ReaderError for a NUL or other control character).
+    """
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        nodes = 0
+        path: list[str | int] = []
+        sizes: dict[str, int] = {}
+        open_anchors: set[str] = set()
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            pushed = parent is not None and index is not None  # index None: a mapping key
+            if pushed:
+                key = index.value if isinstance(index, yaml.ScalarNode) else index
+                self.path.append(key if isinstance(key, (str, int)) else "?")
+            try:
+                line = event.start_mark.line + 1
+                if isinstance(event, yaml.AliasEvent):
+                    if event.anchor in self.open_anchors:
+                        raise _LimitError(
+                            line,
+                            tuple(self.path),
+                            f"alias *{event.anchor} is inside its own anchor (recursive)",
+                        )
+                    node = super().compose_node(parent, index)
+                    self._count(self.sizes.get(str(event.anchor), 1), line)
+                    return node
+                if len(self.path) > MAX_DEPTH:
+                    raise _LimitError(line, tuple(self.path), f"nested deeper than {MAX_DEPTH} levels")
+                anchor, start = event.anchor, self.nodes
+                if anchor is not None:
+                    self.open_anchors.add(anchor)
+                node = super().compose_node(parent, index)
+                if anchor is not None:
+                    self.open_anchors.discard(anchor)
+                if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:binary":
+                    raise _LimitError(line, tuple(self.path), "binary values (!!binary) are not supported")
+                if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
+                    digits = sum(c.isdigit() for c in node.value)
+                    if digits > MAX_INT_DIGITS:
+                        raise _LimitError(
+                            line,
+                            tuple(self.path),
+                            f"integer of {digits} digits; the limit is {MAX_INT_DIGITS}",
+                        )
+                self._count(1, line)
+                if anchor is not None:
+                    self.sizes[anchor] = self.nodes - start
+                return node
+            finally:
+                if pushed:
+                    self.path.pop()
+
+        def _count(self, n: int, line: int) -> None:
+            self.nodes += n
+            if self.nodes > MAX_NODES:
+                raise _LimitError(
+                    line,
+                    tuple(self.path),
+                    f"more than {MAX_NODES} values in the file (an alias counts as everything its "
+                    "anchor holds); a config needs a few hundred",
+                )
+
+    loader = Loader(text)
+    loader.path, loader.sizes, loader.open_anchors = [], {}, set()
+    return loader
+
+
+def _read_limited(p: Path) -> str:
+    """The file's text, at most MAX_FILE_BYTES. Raises ConfigError (one line) otherwise."""
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+            size = os.fstat(f.fileno()).st_size
+        if len(raw) > MAX_FILE_BYTES:
+            n = f"{size} bytes" if size > MAX_FILE_BYTES else f"more than {MAX_FILE_BYTES} bytes"
+            raise ConfigError([f"{p}: config file is {n}; the limit is 1 MiB"])
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError([f"{p}: cannot read config: {reason}"]) from None
+
+
 def load_config(path: str | Path) -> Config:
     """Load, interpolate and validate a YAML config file.
 
     `${VAR}` and `${VAR:-default}` in string values are taken from the environment; the result
     keeps the file's path in `Config.source_path`.
 
+    Hostile input is bounded (MAX_FILE_BYTES, MAX_NODES, MAX_DEPTH, MAX_INT_DIGITS): the worst
+    files the limits allow load in under 1 s and ~11 MiB of Python heap on a 2-core CI VM
+    (bench/bench_config.py); at most MAX_PROBLEMS lines are reported.
+
     Raises:
         ConfigError: one entry per problem, each "FILE:LINE: key.path: message" (LINE 1-based;
-            a file that cannot be read has no line: "FILE: cannot read config: REASON").
+            a file that cannot be read or is too large has no line: "FILE: cannot read config:
+            REASON", "FILE: config file is N bytes; the limit is 1 MiB"; a YAML syntax error has
+            no key path: "FILE:LINE: malformed YAML: ...").
     """
     import yaml
 
     p = Path(path)
+    text = _read_limited(p)
+    loader = None
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise ConfigError([f"{p}: cannot read config: {reason}"]) from None
-
-    loader = yaml.SafeLoader(text)
-    try:
+        loader = _safe_loader(text)
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
+    except _LimitError as e:
+        where = _path_str(e.path)
+        where = f" {where if len(where) <= 80 else where[:77] + '...'}:" if where else ""
+        raise ConfigError([f"{p}:{e.line}:{where} {e.message}"]) from None
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        col = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        char = e.character if isinstance(e.character, int) else ord(e.character)
+        raise ConfigError(
+            [f"{p}:{line}: malformed YAML: unacceptable character #x{char:04x} at column {col}: {e.reason}"]
+        ) from None
+    except RecursionError:  # not expected past the MAX_DEPTH check; one line all the same
+        raise ConfigError([f"{p}: malformed YAML: nested too deeply"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else 1
@@ -511,7 +783,8 @@ def load_config(path: str | Path) -> Config:
             what += f" ({context} started at line {cmark.line + 1})"
         raise ConfigError([f"{p}:{line}: malformed YAML: {what}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
@@ -538,13 +811,13 @@ def load_config(path: str | Path) -> Config:
     except ValidationError as e:
         for err in e.errors():
             loc: Loc = tuple(x for x in err["loc"] if x != "[key]")
-            if any(loc[: len(bad)] == bad for bad, _ in interp):
-                continue  # already reported: the unset variable is the problem, not the empty value
-            if loc and loc[0] == "source_path":
-                continue  # reported below: not a key of the file
             cause = (err.get("ctx") or {}).get("error")
             if isinstance(cause, _KeyProblem):
                 loc = (*loc, cause.key)
+            if any(loc[: len(bad)] == bad for bad, _ in interp):
+                continue  # already reported: the unset variable (or NUL...) is the problem
+            if loc and loc[0] == "source_path":
+                continue  # reported below: not a key of the file
             msg = _message(err)
             if err["type"] == "extra_forbidden":
                 msg += _unknown_key_hint(loc)
@@ -556,7 +829,11 @@ def load_config(path: str | Path) -> Config:
 
     if problems or cfg is None:
         problems.sort(key=lambda t: t[0])
-        raise ConfigError(list(dict.fromkeys(msg for _, msg in problems)))
+        lines_out = list(dict.fromkeys(msg for _, msg in problems))
+        if len(lines_out) > MAX_PROBLEMS:
+            more = len(lines_out) - MAX_PROBLEMS + 1
+            lines_out = [*lines_out[: MAX_PROBLEMS - 1], f"{p}: ... and {more} more problems"]
+        raise ConfigError(lines_out)
     cfg.source_path = p
     return cfg
 
