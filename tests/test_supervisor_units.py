@@ -190,3 +190,35 @@ def test_wake_supervisor_only_signals_a_process_that_catches_sigusr1() -> None:
         for p in (catcher, plain):
             p.kill()
             p.wait()
+
+
+def test_exit_burst_ranking_and_the_exiting_flag() -> None:
+    """The trigger of an exit burst: the earliest abnormal death (signal or non-zero code), before
+    unknown statuses and clean exit-0 teardowns; a zombie or gone pid counts as exiting."""
+    from xpu_serve.incarnation import Trigger
+    from xpu_serve.supervisor import _exit_rank, _exiting
+
+    def t(name: str, at: float, code: int | None = None, sig: str | None = None) -> Trigger:
+        return Trigger(kind="process-exit", detail=name, at=at, process=name, exit_code=code, signal=sig)
+
+    burst = [
+        t("Worker_TP1", 1.0, code=0),
+        t("EngineCore", 0.5),
+        t("APIServer", 2.0, sig="SIGKILL"),
+        t("Worker_TP0", 3.0, code=1),
+    ]
+    assert min(burst, key=_exit_rank).process == "APIServer"
+    assert min(burst[:2], key=_exit_rank).process == "EngineCore"  # unknown before a clean exit
+    assert min([*burst, t("Worker_TP2", 1.5, code=1)], key=_exit_rank).process == "Worker_TP2"
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not _exiting(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while not _exiting(p.pid) and time.monotonic() < deadline:  # a zombie until reaped
+            time.sleep(0.01)
+        assert _exiting(p.pid)
+    finally:
+        p.kill()
+        p.wait()

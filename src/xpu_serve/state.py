@@ -9,7 +9,9 @@ Layout of RUNTIME (the config's `runtime_dir`, or `up --runtime-dir`):
     RUNTIME/bundles/          diagnostic bundles
 
 `state.json` is the shape of `xpu_serve.incarnation.Status` (state, incarnation, restarts,
-supervisor_pid, processes, last_incident, next_restart_at, reason) plus: `run_id`, `updated_at`,
+supervisor_pid, processes, last_incident, next_restart_at, reason) plus: `run_id`, `updated_at` and
+`written_at` (epoch s of this write), `heartbeat_s` (the supervisor rewrites the file at least this
+often, so `status` can tell a stale file: e.g. the disk was full),
 `supervisor_started_at`, `engine` ({host, port, served_model_name}), `pgid`, `time_to_ready_s`,
 `failures`, and `cleanup` ({run_id, incarnation, pgid, pids: [{pid, create_time}], shm: [paths]}):
 what the next `up` needs to sweep after this supervisor was killed with SIGKILL.
@@ -17,7 +19,9 @@ what the next `up` needs to sweep after this supervisor was killed with SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -104,47 +108,110 @@ def status_dict(status: Status, **extra: Any) -> dict[str, Any]:
     """`Status` as the JSON object written to state.json, with `extra` top-level keys merged in."""
     d = dataclasses.asdict(status)
     d.update(extra)
-    d["updated_at"] = time.time()
+    d["updated_at"] = d["written_at"] = time.time()
     return d
 
 
-def write_state(runtime_dir: Path, data: dict[str, Any]) -> None:
-    """Write RUNTIME/state.json atomically (temp file in the same directory, fsync, rename).
+# state.json is padded with spaces (valid JSON whitespace) to a multiple of this many bytes, so
+# that when the atomic write cannot get new blocks (ENOSPC, EDQUOT: a full runtime directory) the
+# file can still be rewritten in place over the blocks it already has (issue 4, item 4).
+STATE_PAD_BYTES = 16384
 
-    Readers see either the old or the new file, never a partial one. Raises OSError.
+
+def _padded(data: dict[str, Any]) -> bytes:
+    body = (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+    size = -(-len(body) // STATE_PAD_BYTES) * STATE_PAD_BYTES
+    return body + b" " * (size - len(body))
+
+
+def write_state(runtime_dir: Path, data: dict[str, Any]) -> str:
+    """Write RUNTIME/state.json; returns "atomic" or "in-place" (how it was written).
+
+    Normally atomic (temp file in the same directory, fsync, rename): readers see the old or the
+    new file. The file is padded with spaces to a multiple of STATE_PAD_BYTES; when the temp file
+    cannot be written for lack of space (ENOSPC, EDQUOT) and the new content fits in the existing
+    file, the existing file is overwritten in place (one pwrite, fsync: no new blocks needed), and
+    "in-place" is returned; a reader may then see a torn file for an instant (`read_state`
+    retries). Raises OSError when neither works.
     """
     runtime_dir = Path(runtime_dir)
+    payload = _padded(data)
     fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=runtime_dir)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, runtime_dir / STATE_FILE)
-    except BaseException:
-        try:
+        return "atomic"
+    except OSError as e:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _write_in_place(
+            runtime_dir / STATE_FILE, payload
+        ):
+            raise
+        return "in-place"
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
 
 
+def _write_in_place(path: Path, payload: bytes) -> bool:
+    """Overwrite `path` from offset 0 with `payload` padded to the file's size, when it fits."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(payload) > size:
+            return False
+        buf = payload + b" " * (size - len(payload))
+        done = 0
+        while done < len(buf):
+            done += os.pwrite(fd, buf[done:], done)
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def read_state(runtime_dir: Path) -> dict[str, Any] | None:
-    """Read RUNTIME/state.json; None when absent. Raises ValueError when it is not a JSON object."""
+    """Read RUNTIME/state.json; None when absent.
+
+    Raises ValueError ("PATH: not valid JSON: ...", "PATH: not UTF-8 text", "PATH: not a JSON
+    object") and OSError (unreadable). An invalid read is retried 3 times 20 ms apart (a reader
+    may meet an in-place rewrite, see `write_state`).
+    """
     path = Path(runtime_dir) / STATE_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return data
+    err = ""
+    for attempt in range(4):
+        if attempt:
+            time.sleep(0.02)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            err = f"{path}: not UTF-8 text"
+            continue
+        except json.JSONDecodeError as e:
+            err = f"{path}: not valid JSON: {e}"
+            continue
+        except RecursionError:
+            err = f"{path}: not valid JSON: nested too deeply"
+            continue
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return data
+    raise ValueError(err)
 
 
 def pid_alive(pid: int) -> bool:

@@ -51,6 +51,12 @@ from xpu_serve.vllm_command import render
 UNFIXABLE_CAUSES = {"config-error"}
 # Seconds between runs of `watchers.kernel.device_check` while a wedged device holds the restart.
 DEVICE_CHECK_INTERVAL_S = 2.0
+# Seconds between rewrites of state.json while nothing changes (its `written_at` then tells
+# `status` whether the file is current: a full disk leaves it stale). Env XPU_SERVE_STATE_HEARTBEAT_S.
+STATE_HEARTBEAT_S = 5.0
+# When several watched processes exit within this many seconds, the trigger names the one that
+# died first with an abnormal status (signal or non-zero code), not a clean teardown exit.
+EXIT_WINDOW_S = 0.15
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,6 +256,20 @@ class Supervisor:
         # watcher tasks of the current incarnation: they outlive the trigger (evidence that
         # arrives while capturing is still recorded) and are cancelled just before the stop
         self._watch_tasks: list[asyncio.Task[None]] = []
+        # process exits seen within EXIT_WINDOW_S of the first one, before the trigger is chosen
+        self._pending_exits: list[tuple[Incarnation, Trigger]] = []
+        self._exit_timer: asyncio.TimerHandle | None = None
+        self._pending_other: tuple[Incarnation, Trigger] | None = None
+        self._exit_window_end = 0.0  # monotonic s: the window may be extended up to this
+        # pid -> epoch s: watched processes already dying (PF_EXITING or gone) when the first exit
+        # of the burst was reported; their death began no later than that
+        self._dying_at: dict[int, float] = {}
+        try:
+            hb = os.environ.get("XPU_SERVE_STATE_HEARTBEAT_S", "")
+            self.heartbeat_s = max(0.05, float(hb)) if hb else STATE_HEARTBEAT_S
+        except ValueError:
+            self.heartbeat_s = STATE_HEARTBEAT_S
+        self._state_write_failing = False
 
     # ---- requests (signal handlers, tests) -------------------------------------------------
 
@@ -263,10 +283,9 @@ class Supervisor:
             ctx = self.ctx
             if ctx is not None:
                 self.log.emit("kill", "second interrupt: killing the server at once")
-                pids = cleanup.find_members(self.run_id, ctx.incarnation, [ctx.pgid] if ctx.pgid else [])
-                cleanup._killpg(ctx.pgid, signal.SIGKILL)
-                for p in pids:
-                    cleanup._signal(p, signal.SIGKILL)
+                cleanup.signal_tree(
+                    ctx.pgid, self.run_id, ctx.incarnation, signal.SIGKILL, list(ctx.processes), _starts(ctx)
+                )
         self._wake.set()
 
     def request_restart(self) -> None:
@@ -345,15 +364,22 @@ class Supervisor:
             failures=self.failures,
             cleanup=cleanup_info,
             kernel_watch=self._kernel_watch_status(),
+            heartbeat_s=self.heartbeat_s,
         )
         if ctx is not None:  # ProcessInfo cannot say "exited, status unknown": add exited_at
             data["processes"] = [
                 dict(vars(p), exited_at=self._exited.get(p.pid)) for p in ctx.processes.values()
             ]
         try:
-            write_state(self.runtime_dir, data)
+            how = write_state(self.runtime_dir, data)
         except OSError as ex:
-            self.log.emit("warning", f"cannot write state.json: {ex}")
+            if not self._state_write_failing:  # once per failing streak, not every heartbeat
+                self.log.emit("warning", f"cannot write state.json (it is stale from now on): {ex}")
+            self._state_write_failing = True
+            return
+        if how != "atomic" and not self._state_write_failing:
+            self.log.emit("warning", "state.json: no space for an atomic write; rewritten in place")
+        self._state_write_failing = how != "atomic"
 
     def _kernel_watcher(self) -> Any:
         """The kernel log watcher among the plugged-in watchers (duck-typed), or None."""
@@ -413,6 +439,7 @@ class Supervisor:
             proc_src.ProcConnector.open() if os.environ.get("XPU_SERVE_PROC_CONNECTOR") != "0" else None
         )
         drain_task = None
+        heartbeat = loop.create_task(self._heartbeat())
         if self._connector is not None:
             # Drained lazily (each exit report drains it) plus once a second so the socket buffer
             # never overflows: waking the loop for every process exit on a busy host costs more.
@@ -422,6 +449,8 @@ class Supervisor:
             return await self._run()
         finally:
             await self._cancel_watchers()
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
             if self._exitwatch:
                 self._exitwatch.close()
             if drain_task is not None:
@@ -429,6 +458,12 @@ class Supervisor:
             if self._connector is not None:
                 self._connector.close()
             self._lock.release()
+
+    async def _heartbeat(self) -> None:
+        """Rewrite state.json every `heartbeat_s` seconds (its `written_at` proves it is current)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            self._write_state()
 
     async def _run(self) -> int:
         e = self.config.engine
@@ -586,21 +621,27 @@ class Supervisor:
             return
         if not prev:
             return
-        info = prev.get("cleanup") or {}
-        old_run = info.get("run_id")
+        # Only processes proven to be the previous run's are touched (issue 4, item 1): the
+        # marker XPU_SERVE_RUN_ID=<old run id> in their environ, or the start time recorded for
+        # their pid; the old process group only while its leader is proven (its id is reused
+        # once the leader and its group are gone).
+        info = prev.get("cleanup")
+        if not isinstance(info, dict):
+            info = {}
+        old_run = info.get("run_id") if isinstance(info.get("run_id"), str) and info.get("run_id") else None
         pgid = info.get("pgid")
-        pids = []
-        for p in info.get("pids") or []:
+        if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1:
+            pgid = None
+        starts: dict[int, float] = {}
+        raw_pids = info.get("pids")
+        for p in raw_pids if isinstance(raw_pids, list) else []:
             try:
                 pid, ct = int(p["pid"]), p.get("create_time")
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue
-            if _same_process(pid, ct):
-                pids.append(pid)
-        sessions = [pgid] if isinstance(pgid, int) and _session_alive(pgid) else []
-        members = (
-            cleanup.find_members(old_run, None, sessions, pids) if (old_run or sessions or pids) else set()
-        )
+            if isinstance(ct, (int, float)) and not isinstance(ct, bool):
+                starts[pid] = float(ct)
+        members = cleanup.find_members(old_run, None, [pgid] if pgid else [], list(starts), starts)
         members.discard(os.getpid())
         if members:
             self.log.emit(
@@ -610,11 +651,12 @@ class Supervisor:
                 pids=sorted(members),
             )
             rep = await cleanup.stop_tree(
-                pgid if sessions else None,
+                pgid,
                 old_run,
                 None,
                 members,
                 grace_s=self.config.supervision.stop.grace_s,
+                starts=starts,
             )
             if rep.left:
                 self.log.emit("warning", f"could not stop orphan(s) {rep.left}")
@@ -661,6 +703,12 @@ class Supervisor:
         ctx.analyzer = _new_analyzer()
         self.ctx = ctx
         self._exited = {}
+        self._pending_exits = []
+        self._pending_other = None
+        self._dying_at = {}
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
         self._wake.clear()
         if self._stop_requested or self._restart_requested:  # a request that raced with the launch
             self._wake.set()
@@ -704,7 +752,13 @@ class Supervisor:
         self._popen = popen
         ctx.pgid = popen.pid
         ctx.started_at = time.time()
-        ctx.processes[popen.pid] = ProcessInfo(name="APIServer", pid=popen.pid, started_at=ctx.started_at)
+        # the kernel's start time (psutil create_time, as discovery records for the others): the
+        # proof that a pid is still this process when the tree is stopped (cleanup.is_proven);
+        # our unreaped child cannot have been replaced yet
+        api_start = cleanup.proc_start_time(popen.pid)
+        ctx.processes[popen.pid] = ProcessInfo(
+            name="APIServer", pid=popen.pid, started_at=api_start if api_start is not None else ctx.started_at
+        )
         self._write_state()
         self.log.emit(
             "launched",
@@ -842,7 +896,7 @@ class Supervisor:
         if ctx is None:
             return
         info = ctx.processes.get(pid)
-        if info is None:
+        if info is None or pid in self._exited:  # (the API server may be reported twice: _child_died)
             return
         info.exit_code, info.signal = code, sig
         self._exited[pid] = at
@@ -853,20 +907,114 @@ class Supervisor:
             how = f"exit code {code}"
         else:
             how = "exit status unknown"
-        self._on_fail(
-            Trigger(
-                kind="process-exit",
-                detail=f"{info.name} (pid {pid}) died: {how}",
-                at=at,
-                process=info.name,
-                rank=info.rank,
-                pid=pid,
-                exit_code=code,
-                signal=sig,
-            )
+        trig = Trigger(
+            kind="process-exit",
+            detail=f"{info.name} (pid {pid}) died: {how}",
+            at=at,
+            process=info.name,
+            rank=info.rank,
+            pid=pid,
+            exit_code=code,
+            signal=sig,
         )
+        if ctx.trigger is not None or self.state not in ("starting", "ready"):
+            return
+        if not self._pending_exits:
+            # the failure is known now; naming the first death may take the exit window below
+            self.log.emit(
+                "detected",
+                f"incarnation {ctx.incarnation}: {trig.detail}",
+                incarnation=ctx.incarnation,
+                pid=pid,
+                detect_ms=round((time.time() - at) * 1000, 3),
+            )
+        # Exits come in a burst when the tree tears itself down (kill -9 of the API server: its
+        # children exit 0 right after; the order the exits are reported in is not the order of
+        # death). Collect the burst, then name the first abnormal death (`_exit_rank`).
+        if pid in self._dying_at:
+            trig.at = min(trig.at, self._dying_at[pid])
+        self._pending_exits.append((ctx, trig))
+        self._open_window(ctx, min(at, time.time()))
+        # An abnormal death (a signal, a non-zero code) reported while no other watched process
+        # is dying is the first death: decide now, so detection keeps its milliseconds (the
+        # window only matters for teardown bursts, whose first report may be a clean exit 0).
+        abnormal = sig is not None or (code is not None and code != 0)
+        if abnormal and len(self._pending_exits) == 1 and not any(
+            p not in self._exited for p in self._dying_at
+        ):
+            self._commit_exits()
+
+    def _open_window(self, ctx: Incarnation, first: float) -> None:
+        """Start the exit window (once per burst). A watched process whose exit the kernel is
+        still carrying out (a SIGKILLed API server unmapping its memory while its children already
+        saw their pipes close and exited) died no later than `first` (epoch s)."""
+        if self._exit_timer is not None:
+            return
+        for other in ctx.processes:
+            if other not in self._exited and _exiting(other):
+                self._dying_at.setdefault(other, first)
+        loop = self._loop or asyncio.get_running_loop()
+        self._exit_window_end = time.monotonic() + EXIT_WINDOW_S + 1.0
+        self._exit_timer = loop.call_later(EXIT_WINDOW_S, self._commit_exits)
+
+    def _commit_exits(self) -> None:
+        """End of the exit window: fail the incarnation with the best-ranked exit (`_exit_rank`),
+        else with the other trigger held while exits were under way."""
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
+        self._child_died()
+        waiting = [p for p in self._dying_at if p not in self._exited]
+        if waiting and time.monotonic() < self._exit_window_end:
+            # wait (at most 1 s more) for the exits already under way to be reported
+            loop = self._loop or asyncio.get_running_loop()
+            self._exit_timer = loop.call_later(0.05, self._commit_exits)
+            return
+        pending, self._pending_exits = self._pending_exits, []
+        other, self._pending_other = self._pending_other, None
+        mine = [t for c, t in pending if c is self.ctx]
+        if mine:
+            self._accept_fail(min(mine, key=_exit_rank))
+        elif other is not None and other[0] is self.ctx:
+            self._accept_fail(other[1])
+
+    def _child_died(self) -> bool:
+        """Our direct child (the API server) was killed by a signal but its exit is not reported
+        yet (waitpid, via Popen.poll, knows): report it now. True when it did."""
+        ctx, popen = self.ctx, self._popen
+        if ctx is None or popen is None or ctx.pgid != popen.pid or popen.pid in self._exited:
+            return False
+        rc = popen.poll()
+        if rc is None or rc >= 0:
+            return False
+        code, sig = proc_src.returncode_status(rc)
+        self._on_exit(popen.pid, code, sig, time.time())
+        return True
 
     def _on_fail(self, trigger: Trigger) -> None:
+        """A trigger fired (the first one wins). Process exits are ranked in `_commit_exits`;
+        another trigger (a consequence line such as "Worker ... died unexpectedly" can be read
+        before the API server's death is reported) is held while an exit is pending or under way
+        (PF_EXITING), and used only when no exit is reported within the window."""
+        ctx = self.ctx
+        if ctx is None or ctx.trigger is not None or self.state not in ("starting", "ready"):
+            return
+        if trigger.kind == "process-exit":
+            self._accept_fail(trigger)
+            return
+        self._child_died()
+        if self._pending_exits or self._exit_timer is not None:
+            if self._pending_other is None:
+                self._pending_other = (ctx, trigger)
+            return
+        now = time.time()
+        if any(p not in self._exited and _exiting(p) for p in ctx.processes):
+            self._pending_other = (ctx, trigger)
+            self._open_window(ctx, min(trigger.at, now))
+            return
+        self._accept_fail(trigger)
+
+    def _accept_fail(self, trigger: Trigger) -> None:
         ctx = self.ctx
         if ctx is None or ctx.trigger is not None or self.state not in ("starting", "ready"):
             return
@@ -1111,6 +1259,7 @@ class Supervisor:
             list(ctx.processes),
             grace_s=sv.stop.grace_s,
             kill_now=self._kill_now,
+            starts=_starts(ctx),
         )
         ctx.stop = rep
         if self._popen is not None:
@@ -1148,6 +1297,38 @@ async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         conn.drain()
+
+
+def _starts(ctx: Incarnation) -> dict[int, float]:
+    """pid -> start time (epoch s, psutil create_time) of the incarnation's known processes."""
+    return {pid: p.started_at for pid, p in ctx.processes.items() if isinstance(p.started_at, (int, float))}
+
+
+def _exiting(pid: int) -> bool:
+    """True when `pid` is gone, a zombie, or exiting: PF_EXITING (0x4, include/linux/sched.h,
+    set by exit_signals() at the start of do_exit) in the flags field (9) of /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & 0x4)
+    except (IndexError, ValueError):
+        return False
+
+
+def _exit_rank(t: Trigger) -> tuple[int, float]:
+    """Sort key of process-exit triggers in one burst: abnormal deaths (a signal or a non-zero
+    code) first, then unknown statuses, then clean exits (code 0: the teardown); earliest first."""
+    if t.signal or (t.exit_code is not None and t.exit_code != 0):
+        grade = 0
+    elif t.exit_code is None:
+        grade = 1
+    else:
+        grade = 2
+    return grade, t.at
 
 
 def _fallback_cause(trig: Trigger) -> str:
@@ -1194,27 +1375,6 @@ def _comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return "?"
-
-
-def _same_process(pid: int, create_time: Any) -> bool:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return create_time is None or abs(p.create_time() - float(create_time)) < 1.0
-    except (psutil.Error, ValueError, TypeError):
-        return False
-
-
-def _session_alive(sid: int) -> bool:
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.getsid(int(d)) == sid:
-                    return True
-            except OSError:
-                continue
-    return False
 
 
 def signal_name(signum: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.server
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,3 +274,179 @@ def test_readiness_needs_health_and_served_name() -> None:
     assert res[1] == (True, "ready")
     assert res[2] == (False, "/health: HTTP 503")
     assert res[3] == (False, "3 HTTP 503")
+
+
+# ---- issue 4: never signal what is not proven ours; SIGCONT; state under ENOSPC; status shapes ----
+
+
+def _setsid_sleep() -> subprocess.Popen[bytes]:
+    """A foreign process leading its own session and group (`setsid sleep 300`), no marker."""
+    return subprocess.Popen(["sleep", "300"], start_new_session=True, env={"PATH": os.environ["PATH"]})
+
+
+def test_foreign_group_with_a_recorded_pgid_is_never_signalled() -> None:
+    """A live group whose id equals a recorded pgid is not ours unless its leader is proven (marker
+    or start time): stop_tree leaves it alone; the right start time proves it."""
+    sleeper = _setsid_sleep()
+    try:
+        real = cleanup.proc_start_time(sleeper.pid)
+        assert real is not None
+        wrong = {sleeper.pid: real - 3600.0}  # what an old state.json recorded for that pid
+        assert cleanup.find_members("0123456789ab", None, [sleeper.pid], [sleeper.pid], wrong) == set()
+        assert not cleanup.is_proven(sleeper.pid, "0123456789ab", None, wrong)
+        rep = asyncio.run(
+            cleanup.stop_tree(sleeper.pid, "0123456789ab", None, [sleeper.pid], 0.3, starts=wrong)
+        )
+        assert rep.terminated == [] and rep.killed == [] and sleeper.poll() is None
+        sigs = cleanup.signal_tree(sleeper.pid, "0123456789ab", None, signal.SIGKILL, [sleeper.pid], wrong)
+        assert sigs == set() and sleeper.poll() is None
+        # the start time recorded for the very process proves it (and only then is it stopped)
+        assert cleanup.is_proven(sleeper.pid, None, None, {sleeper.pid: real})
+        rep = asyncio.run(
+            cleanup.stop_tree(sleeper.pid, None, None, [sleeper.pid], 3.0, starts={sleeper.pid: real})
+        )
+        assert rep.terminated == [sleeper.pid] and sleeper.wait(5) == -signal.SIGTERM
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait()
+
+
+def test_stop_tree_continues_a_stopped_member() -> None:
+    """A SIGSTOPped member (Python SIGTERM handler) acts on SIGTERM only once continued: stop_tree
+    sends SIGCONT after SIGTERM, so the stop takes well under grace_s and needs no SIGKILL."""
+    env = dict(os.environ, XPU_SERVE_RUN_ID="runC", XPU_SERVE_INCARNATION="1")
+    code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(60)\n"
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    try:
+        time.sleep(0.3)  # the handler is installed
+        os.kill(p.pid, signal.SIGSTOP)
+        rep = asyncio.run(cleanup.stop_tree(p.pid, "runC", 1, [p.pid], grace_s=20.0))
+        assert p.wait(5) == 0  # its own handler ran: exit 0, not a SIGKILL
+        assert rep.killed == [] and rep.seconds < 5.0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Any:
+    """A real 2 MB tmpfs (root only; skipped where mount is not permitted); lazily unmounted."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill_disk(directory: Path) -> None:
+    """Write RUNTIME-local filler files until the filesystem says ENOSPC."""
+    i = 0
+    while True:
+        try:
+            with open(directory / f"filler-{i}", "wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            if i > 0:
+                return
+            i += 1  # fill the last partial block with a small file too
+
+
+def test_state_rewritten_in_place_when_the_disk_is_full(tiny_tmpfs: Path) -> None:
+    write_state(tiny_tmpfs, {"state": "ready", "incarnation": 1})
+    fill_disk(tiny_tmpfs)
+    with pytest.raises(OSError):
+        (tiny_tmpfs / "probe").write_bytes(b"x" * 65536)
+    assert write_state(tiny_tmpfs, {"state": "ready", "incarnation": 2, "x": "y" * 2000}) == "in-place"
+    assert read_state(tiny_tmpfs) == {"state": "ready", "incarnation": 2, "x": "y" * 2000}
+    assert not [p for p in tiny_tmpfs.iterdir() if p.name.startswith(".state.")]  # no temp left
+    # a state larger than the padded file cannot be written in place: OSError, old file intact
+    with pytest.raises(OSError):
+        write_state(tiny_tmpfs, {"state": "ready", "incarnation": 3, "x": "z" * 40000})
+    assert read_state(tiny_tmpfs)["incarnation"] == 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"processes": "x"}',
+        b'{"processes": ["x"]}',
+        b'{"processes": [{"pid": "12", "name": 3}]}',
+        b'{"engine": [1, 2]}',
+        b'{"last_incident": "boom"}',
+        b'{"last_incident": {"time": "noon"}}',
+        b'{"time_to_ready_s": "fast"}',
+        b'{"next_restart_at": 1e300}',
+        b'{"kernel_watch": 7}',
+        b'{"state": {"a": 1}, "incarnation": "two"}',
+        b"[1, 2, 3]",
+        b'{"state": "ready", "incarn',
+        b"\xff\xfe\x00garbage\x89PNG",
+        b"",
+        b"[" * 100000,
+    ],
+)
+def test_status_on_malformed_state_is_one_line_exit_2(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "state.json").write_bytes(content)
+    for extra in ([], ["--json"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "xpu_serve", "status", "--runtime-dir", str(tmp_path), *extra],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if content == b'{"next_restart_at": 1e300}':  # a well-typed but absurd time: shown, no crash
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r
+            assert extra or "out of range" in r.stdout, r.stdout
+            continue
+        assert r.returncode == 2, (content, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert str(tmp_path / "state.json") in r.stderr
+
+
+def test_status_flags_a_stale_state_while_the_supervisor_runs(tmp_path: Path) -> None:
+    lock = RuntimeLock(tmp_path)
+    lock.acquire()  # this process plays the running supervisor
+    try:
+        old = time.time() - 60
+        write_state(
+            tmp_path,
+            {
+                "state": "ready",
+                "incarnation": 1,
+                "supervisor_pid": os.getpid(),
+                "written_at": old,
+                "updated_at": old,
+                "heartbeat_s": 2.0,
+            },
+        )
+        cmd = [sys.executable, "-m", "xpu_serve", "status", "--runtime-dir", str(tmp_path)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "MAY BE STALE" in r.stdout and "last written 60 s ago" in r.stdout, r
+        j = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=30).stdout)
+        assert j["state_stale"] is True and 59 < j["state_age_s"] < 90
+        now = time.time()
+        write_state(
+            tmp_path,
+            {
+                "state": "ready",
+                "incarnation": 1,
+                "supervisor_pid": os.getpid(),
+                "written_at": now,
+                "updated_at": now,
+                "heartbeat_s": 2.0,
+            },
+        )
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "STALE" not in r.stdout
+    finally:
+        lock.release()

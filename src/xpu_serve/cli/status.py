@@ -1,8 +1,13 @@
 """`xpu-serve status [--runtime-dir DIR | -c FILE] [--json]`: show the supervisor's state.json.
 
 Reads RUNTIME/state.json (see xpu_serve.state) and checks the lock: when the supervisor that wrote
-the file is gone, says so (`supervisor_alive: false` in JSON). Exit 0 while a supervisor runs,
-1 when none runs (state shown if any), 2 on bad arguments or an unreadable state file.
+the file is gone, says so (`supervisor_alive: false` in JSON). When the supervisor runs but the file
+was last written more than STALE_HEARTBEATS heartbeats ago (`written_at`, `heartbeat_s`: e.g. the
+runtime directory's disk is full), says the state may be stale (`state_stale: true`, `state_age_s`).
+
+Exit 0 while a supervisor runs, 1 when none runs (state shown if any), 2 on bad arguments or a
+state file that is unreadable or malformed (not UTF-8, not JSON, not an object, or a field of the
+wrong type, e.g. `"processes": "x"`): one line `PATH: ...` on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -47,10 +52,94 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print state.json plus supervisor_alive")
 
 
+# state.json is considered stale when older than this many heartbeats (plus 1 s) while its
+# supervisor runs.
+STALE_HEARTBEATS = 3
+
+# Field -> allowed JSON types (None: null allowed). What the table below reads; checked first so
+# that a malformed file gives one line, not a traceback (issue 4, item 3).
+_NUM = (int, float)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "reason": (str,),
+    "incarnation": (int,),
+    "restarts": (int,),
+    "supervisor_pid": (int,),
+    "engine": (dict,),
+    "time_to_ready_s": _NUM,
+    "next_restart_at": _NUM,
+    "kernel_watch": (dict,),
+    "last_incident": (dict,),
+    "processes": (list,),
+    "written_at": _NUM,
+    "updated_at": _NUM,
+    "heartbeat_s": _NUM,
+}
+_PROC_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "pid": (int,),
+    "rank": (int,),
+    "exit_code": (int,),
+    "signal": (str,),
+    "exited_at": _NUM,
+}
+
+
+def malformed(st: dict[str, Any]) -> str | None:
+    """What is wrong with the state.json object `st` (first problem, e.g. "processes: expected
+    list, got str"), or None when every field `status` reads has its type (null allowed)."""
+
+    def bad(where: str, v: Any, types: tuple[type, ...]) -> str | None:
+        if v is None or (isinstance(v, types) and not isinstance(v, bool)):
+            return None
+        if isinstance(v, float) and v != v:  # NaN
+            return f"{where}: NaN"
+        want = " or ".join(t.__name__ for t in types)
+        return f"{where}: expected {want}, got {type(v).__name__}"
+
+    for k, types in _FIELDS.items():
+        why = bad(k, st.get(k), types)
+        if why:
+            return why
+    for i, p in enumerate(st.get("processes") or []):
+        if not isinstance(p, dict):
+            return f"processes[{i}]: expected object, got {type(p).__name__}"
+        for k, types in _PROC_FIELDS.items():
+            why = bad(f"processes[{i}].{k}", p.get(k), types)
+            if why:
+                return why
+    li = st.get("last_incident") or {}
+    why = bad("last_incident.time", li.get("time"), _NUM)
+    if why:
+        return why
+    for k in ("cause", "bundle"):
+        why = bad(f"last_incident.{k}", li.get(k), (str,))
+        if why:
+            return why
+    return None
+
+
+def staleness(st: dict[str, Any], alive: bool, now: float | None = None) -> tuple[bool, float | None]:
+    """(stale, age_s): age of state.json's last write (`written_at`, else `updated_at`; epoch s)
+    and whether it is older than STALE_HEARTBEATS x `heartbeat_s` + 1 s while the supervisor is
+    alive (a dead supervisor's file is reported as dead, not stale)."""
+    written = st.get("written_at", st.get("updated_at"))
+    hb = st.get("heartbeat_s")
+    if not isinstance(written, (int, float)) or isinstance(written, bool):
+        return False, None
+    age = max(0.0, (time.time() if now is None else now) - float(written))
+    if not alive or not isinstance(hb, (int, float)) or isinstance(hb, bool) or hb <= 0:
+        return False, age
+    return age > STALE_HEARTBEATS * float(hb) + 1.0, age
+
+
 def _t(ts: Any) -> str:
     if not isinstance(ts, (int, float)):
         return "-"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return f"{ts!r} (out of range)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,16 +164,41 @@ def run(args: argparse.Namespace) -> int:
                 f"no supervisor state in {runtime_dir}" + (f" (lock held by pid {holder})" if holder else "")
             )
         return exitcodes.OK if alive else exitcodes.FAILURE
-    spid = st.get("supervisor_pid")
-    st_out = dict(st)
-    st_out["supervisor_alive"] = alive
+    path = runtime_dir / "state.json"
+    why = malformed(st)
+    if why:
+        print(f"{path}: malformed state: {why}", file=sys.stderr)
+        return exitcodes.USAGE
+    stale, age = staleness(st, alive)
     if args.json:
+        st_out = dict(st)
+        st_out["supervisor_alive"] = alive
+        st_out["state_stale"] = stale
+        st_out["state_age_s"] = None if age is None else round(age, 3)
         print(json.dumps(st_out, indent=2, sort_keys=True, default=str))
         return exitcodes.OK if alive else exitcodes.FAILURE
+    try:
+        rows = _rows(st, alive, stale, age)
+    except Exception as e:  # a shape malformed() does not know: still one line, never a traceback
+        print(f"{path}: malformed state: {type(e).__name__}: {e}", file=sys.stderr)
+        return exitcodes.USAGE
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+    return exitcodes.OK if alive else exitcodes.FAILURE
+
+
+def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> list[tuple[str, str]]:
+    spid = st.get("supervisor_pid")
     rows: list[tuple[str, str]] = []
     state = str(st.get("state"))
     if not alive and state not in ("stopped", "gave-up"):
         state += f"  (supervisor pid {spid} is dead: state is stale)"
+    elif stale and age is not None:
+        state += (
+            f"  (MAY BE STALE: state.json last written {age:.0f} s ago although the supervisor runs and "
+            f"rewrites it every {st.get('heartbeat_s'):g} s; is the runtime directory's disk full?)"
+        )
     rows.append(("supervisor", f"pid {spid} ({'running' if alive else 'not running'})"))
     rows.append(("state", state))
     if st.get("reason"):
@@ -131,7 +245,4 @@ def run(args: argparse.Namespace) -> int:
             ended = " exited (status unknown)"
         rank = f" rank {p['rank']}" if p.get("rank") is not None else ""
         rows.append(("process", f"{p.get('name')} pid {p.get('pid')}{rank}{ended}"))
-    w = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{w}}  {v}")
-    return exitcodes.OK if alive else exitcodes.FAILURE
+    return rows

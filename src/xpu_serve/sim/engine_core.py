@@ -62,6 +62,7 @@ class EngineCore:
         self.requests: dict[str, list[Any]] = {}  # rid -> [prompt_tokens, max_tokens, generated]
         self.step_no = 0
         self.shm: Any = None
+        self.dist_fd: int | None = None
         self.fail_text = ""
         self.reset_thread: threading.Thread | None = None
 
@@ -128,12 +129,17 @@ class EngineCore:
 
     def _make_dist_files(self) -> None:
         """/tmp/vllm_dist_<hex> (vLLM's distributed init file) and a MessageQueue buffer in
-        /dev/shm registered with the resource tracker: both outlive a crash as in real vLLM."""
+        /dev/shm registered with the resource tracker: both outlive a crash as in real vLLM.
+
+        The init file's descriptor stays open for the process's life. Real vLLM's c10d
+        FileStore opens it only for moments, and there the supervisor proves it ours by the
+        `distributed_init_method=file://...` log line or by the id in the mapped cpushm names.
+        The simulator logs a tcp:// init method (XPU), so this open descriptor is what lets the
+        supervisor prove the file ours before any worker has mapped its segment."""
         try:
-            with open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", "w"):
-                pass
+            self.dist_fd = os.open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
-            pass
+            self.dist_fd = None
         try:
             from multiprocessing import shared_memory
 

@@ -14,6 +14,7 @@ Talks to the EngineCore over two pipes, like vLLM's message queues and death pip
 from __future__ import annotations
 
 import faulthandler
+import mmap
 import os
 import signal
 import sys
@@ -45,6 +46,7 @@ class WorkerProc:
         self.serving_at: float | None = None
         self.hung = False
         self.shm_path: str | None = None
+        self.shm_maps: list[mmap.mmap] = []  # every rank's cpushm segment, mapped for life
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
@@ -141,6 +143,7 @@ class WorkerProc:
         )
         self._make_shm()
         self._barrier("dist-init")
+        self._join_shm()
         vlog.info(
             "parallel_state.py:1717",
             f"rank {r} in world size {tp} is assigned as DP rank 0, PP rank 0, PCP rank 0, TP rank {r}, "
@@ -193,19 +196,47 @@ class WorkerProc:
         time.sleep(s(1.0))
         self.conn.send(("ready",))
 
+    def _shm_name(self, rank: int) -> str:
+        return f"/dev/shm/vllm_dist_{self.cfg.dist_tag}-cpushm_{rank}"
+
+    def _map(self, path: str, create: bool) -> None:
+        """Open `path`, size it (when creating), mmap it shared and close the fd, as vLLM's
+        csrc/cpu/shm.cpp `SHMManager::init_shm` does; the mapping stays for the process's life,
+        so /proc/PID/maps names it (the supervisor's proof of ownership)."""
+        size = 4 * 1024 * 1024
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.shm_maps.append(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+        finally:
+            os.close(fd)
+
     def _make_shm(self) -> None:
         """The per-rank shared-memory segment real vLLM leaves in /dev/shm even after SIGTERM
-        (not registered with the resource tracker, so nothing removes it)."""
+        (not registered with the resource tracker, so nothing removes it). Created and mapped by
+        its rank before the dist-init barrier (SHMManager constructor), then `_join_shm` maps
+        the peers' (SHMManager::join)."""
         if not self.cfg.dist_tag:
             return
-        path = f"/dev/shm/vllm_dist_{self.cfg.dist_tag}-cpushm_{self.rank}"
+        path = self._shm_name(self.rank)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.ftruncate(fd, 4 * 1024 * 1024)
-            os.close(fd)
+            self._map(path, create=True)
             self.shm_path = path
-        except OSError:
+        except (OSError, ValueError):
             pass
+
+    def _join_shm(self) -> None:
+        """Map every other rank's segment (after the barrier: they exist by then)."""
+        if not self.cfg.dist_tag:
+            return
+        for r in range(self.cfg.tensor_parallel_size):
+            if r != self.rank:
+                try:
+                    self._map(self._shm_name(r), create=False)
+                except (OSError, ValueError):
+                    pass
 
     def _load_weights(self) -> None:
         shards = 16
