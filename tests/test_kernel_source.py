@@ -10,41 +10,20 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import FIXTURES
+from tests.helpers import Ctx
 from xpu_serve.config import Config
-from xpu_serve.events import Event
-from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.incarnation import ProcessInfo
 from xpu_serve.sources import kernel as k
 from xpu_serve.watchers import KernelWatcher
 
 QWEN_DMESG = FIXTURES / "cases" / "qwen3-30b-libze-segfault" / "dmesg.txt"
 SEGV_LINE = QWEN_DMESG.read_text().splitlines()[4]
-
-
-@dataclass
-class Ctx:
-    """A minimal IncarnationContext (the supervisor's contract) that keeps what watchers report."""
-
-    config: Any
-    started_at: float = field(default_factory=time.time)
-    incarnation: int = 1
-    runtime_dir: Any = None
-    ready_at: float | None = None
-    processes: dict[int, ProcessInfo] = field(default_factory=dict)
-    failures: list[Trigger] = field(default_factory=list)
-    records: list[Event] = field(default_factory=list)
-
-    def fail(self, trigger: Trigger) -> None:
-        self.failures.append(trigger)
-
-    def record(self, event: Event) -> None:
-        self.records.append(event)
 
 
 def make_config(**kernel: Any) -> Config:

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES
+from tests.helpers import Ctx as BaseCtx
 from xpu_serve.config import Config
 from xpu_serve.events import Event
-from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.incarnation import ProcessInfo
 from xpu_serve.sources import progress as prog
 from xpu_serve.watchers import HangWatcher, KernelWatcher
 
@@ -27,23 +28,10 @@ GLM_LOG = FIXTURES / "cases" / "glm47-flash-engine-hang" / "vllm.log"
 
 
 @dataclass
-class Ctx:
-    """A minimal IncarnationContext (the supervisor's contract) that keeps what watchers report."""
+class Ctx(BaseCtx):
+    """`tests.helpers.Ctx`, ready (`ready_at` now) unless told otherwise."""
 
-    config: Any
-    started_at: float = field(default_factory=time.time)
-    incarnation: int = 1
-    runtime_dir: Any = None
     ready_at: float | None = field(default_factory=time.time)
-    processes: dict[int, ProcessInfo] = field(default_factory=dict)
-    failures: list[Trigger] = field(default_factory=list)
-    records: list[Event] = field(default_factory=list)
-
-    def fail(self, trigger: Trigger) -> None:
-        self.failures.append(trigger)
-
-    def record(self, event: Event) -> None:
-        self.records.append(event)
 
 
 def metrics_text(running: int, waiting: int, prompt: float, gen: float) -> str:

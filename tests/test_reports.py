@@ -15,40 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.test_cases import run_case
+from tests.test_cases import assert_verdict, run_case
 
 REPORTS = Path(__file__).resolve().parent / "fixtures" / "reports"
 REPORT_DIRS = sorted(p for p in REPORTS.iterdir() if (p / "expected.json").is_file())
 
-CONTRACT_KEYS = {"cause", "summary", "root", "consequences", "timeline", "hang", "library", "notes"}
-
 # case name -> why the current analysis gets it wrong (the line that should decide it)
 KNOWN_GAPS: dict[str, str] = {}
-
-
-def assert_verdict(got: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Assert every key of `expected` (cases README mapping) against a `--json` verdict `got`."""
-    assert set(got) >= CONTRACT_KEYS
-    assert got["cause"] == expected["cause"], got["summary"]
-    root = got["root"] or {}
-    if "root_rank" in expected:
-        assert root.get("rank") == expected["root_rank"]
-    if "root_pid" in expected:
-        assert root.get("pid") == expected["root_pid"]
-    if "root_process" in expected:
-        assert root.get("process") == expected["root_process"]
-    if "library" in expected:
-        assert got["library"] == expected["library"]
-    if "hang_last_progress" in expected:
-        assert (got["hang"] or {}).get("last_progress") == expected["hang_last_progress"]
-    if "consequence_ranks_include" in expected:
-        ranks = {c["rank"] for c in got["consequences"]}
-        assert set(expected["consequence_ranks_include"]) <= ranks
-    # evidence: the root names a real line of a real file, and that line holds the root's text
-    if got["cause"] != "unknown" and root.get("file"):
-        lines = Path(root["file"]).read_bytes().decode("utf-8", "replace").split("\n")
-        assert root["text"].split()[0] in lines[root["line"] - 1]
-    assert len(got["timeline"]) <= 15
 
 
 def _params() -> list[Any]:

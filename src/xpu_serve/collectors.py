@@ -40,6 +40,7 @@ from typing import Any
 
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
+from xpu_serve.state import pid_alive
 
 # ----------------------------------------------------------------------------------------------
 # infrastructure
@@ -465,18 +466,6 @@ class CollectInputs:
     def live_processes(self) -> list[ProcessInfo]:
         """Processes not known to have exited whose /proc entry still exists (not a zombie)."""
         return [p for p in self.processes if p.exit_code is None and p.signal is None and pid_alive(p.pid)]
-
-
-def pid_alive(pid: int) -> bool:
-    """True when /proc/PID exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # /proc/PID/stat: "pid (comm) S ..." - the state follows the last ')' (proc(5))
-    rp = stat.rfind(b")")
-    return rp >= 0 and stat[rp + 2 : rp + 3] not in (b"Z", b"X")
 
 
 def read_environ(pid: int) -> dict[str, str] | None:

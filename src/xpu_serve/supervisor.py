@@ -93,8 +93,10 @@ class EventLog:
                 self._jsonl.write(json.dumps(rec, default=str) + "\n")
 
     def close(self) -> None:
+        """Close events.jsonl; a full disk at the final flush loses those lines, never the exit code."""
         if self._jsonl is not None:
-            self._jsonl.close()
+            with contextlib.suppress(OSError, ValueError):
+                self._jsonl.close()
             self._jsonl = None
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -177,6 +178,116 @@ class Up:
             self.out.close()
 
 
+class SimUp:
+    """`xpu-serve up` on a 4-rank simulator in a real subprocess, started at once; `stop()` leaves
+    nothing of its tree behind.
+
+    `faults` is XPU_SERVE_SIM_FAULTS; `extra` maps dotted config keys ("watchers.kernel") to values
+    set over the base config, in order; `env` adds `environment.vars`; `os_env` adds to the
+    supervisor's own environment. Output (stdout and stderr) goes to `tmp/up.out`.
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        faults: str,
+        extra: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        os_env: dict[str, str] | None = None,
+    ):
+        self.tmp = tmp
+        self.port = _free_port()
+        self.runtime = tmp / "rt"
+        cfg: dict[str, Any] = {
+            "engine": {
+                "command": [sys.executable, "-m", "xpu_serve.sim", "serve"],
+                "model": "tiny",
+                "tensor_parallel_size": 4,
+                "port": self.port,
+            },
+            "environment": {
+                "vars": {"XPU_SERVE_SIM_TIME_SCALE": "0.01", "XPU_SERVE_SIM_FAULTS": faults, **(env or {})}
+            },
+            "supervision": {"restart": {"initial_delay_s": 0.2, "max_failures": 3}},
+            "metrics": {"enabled": False},
+            "runtime_dir": str(self.runtime),
+        }
+        for key, value in (extra or {}).items():
+            node = cfg
+            *path, last = key.split(".")
+            for p in path:
+                node = node.setdefault(p, {})
+            node[last] = value
+        self.config = tmp / "config.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.out = open(tmp / "up.out", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "xpu_serve", "up", "-c", str(self.config)],
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(os_env or {})},
+        )
+        self.ps = psutil.Process(self.proc.pid)
+
+    def events(self) -> list[dict[str, Any]]:
+        """events.jsonl so far (lines that do not parse yet are skipped)."""
+        try:
+            text = (self.runtime / "events.jsonl").read_text()
+        except OSError:
+            return []
+        out = []
+        for ln in text.splitlines():
+            try:
+                out.append(json.loads(ln))
+            except ValueError:
+                pass
+        return out
+
+    def wait_event(self, name: str, timeout: float, after: int = 0) -> dict[str, Any]:
+        """The (after+1)-th event named `name`; AssertionError with the output tail on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            evs = [e for e in self.events() if e.get("event") == name]
+            if len(evs) > after:
+                return evs[after]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(
+            f"no {name!r} event in {timeout}s; output:\n{(self.tmp / 'up.out').read_text()[-3000:]}"
+        )
+
+    def bundle(self, timeout: float = 20) -> Path:
+        """The bundle path of the first incident."""
+        ev = self.wait_event("incident", timeout)
+        path = ev.get("bundle") or ev["msg"].rsplit("bundle ", 1)[1]
+        return Path(path)
+
+    def stop(self) -> int:
+        """SIGTERM (SIGKILL after 30 s), then kill, by pid, any child left; returns the exit code."""
+        kids: list[psutil.Process] = []
+        try:
+            kids = self.ps.children(recursive=True)
+        except psutil.Error:
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        for k in kids:  # the supervisor cleans its tree; make sure, by pid, nothing of ours is left
+            try:
+                if k.is_running():
+                    k.kill()
+            except psutil.Error:
+                pass
+        self.out.close()
+        return code
+
+
 def proc_connector_available() -> bool:
     from xpu_serve.sources.processes import ProcConnector
 
@@ -208,3 +319,18 @@ def up_factory(tmp_path: Path) -> Iterator[Any]:
     yield make
     for u in made:
         u.kill_all()
+
+
+@pytest.fixture
+def sim_up_factory(tmp_path: Path) -> Iterator[Any]:
+    """`SimUp(tmp_path, faults, extra=..., env=..., os_env=...)` runs, all stopped at teardown."""
+    ups: list[SimUp] = []
+
+    def make(*a: Any, **kw: Any) -> SimUp:
+        u = SimUp(tmp_path, *a, **kw)
+        ups.append(u)
+        return u
+
+    yield make
+    for u in ups:
+        u.stop()

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-import yaml
+
+from .harness import SimUp
 
 pytestmark = pytest.mark.e2e
 
@@ -32,106 +29,19 @@ except ImportError:  # pragma: no cover - before the simulator and supervisor la
     pytest.skip("needs xpu_serve.sim and xpu_serve.supervisor", allow_module_level=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Up:
-    """`xpu-serve up` in a real subprocess on a tmp runtime dir; `stop()` leaves nothing behind."""
-
-    def __init__(self, tmp: Path, faults: str, extra: dict[str, Any] | None = None,
-                 env_vars: dict[str, str] | None = None, os_env: dict[str, str] | None = None):
-        self.tmp = tmp
-        self.port = free_port()
-        self.runtime = tmp / "rt"
-        cfg: dict[str, Any] = {
-            "engine": {"command": [sys.executable, "-m", "xpu_serve.sim", "serve"], "model": "tiny",
-                       "tensor_parallel_size": 4, "port": self.port},
-            "environment": {"vars": {"XPU_SERVE_SIM_TIME_SCALE": "0.01", "XPU_SERVE_SIM_FAULTS": faults,
-                                     **(env_vars or {})}},
-            "supervision": {"restart": {"initial_delay_s": 0.2, "max_failures": 3}},
-            "bundles": {"collector_timeout_s": 5, "tar": True},
-            "metrics": {"enabled": False},
-            "runtime_dir": str(self.runtime),
-        }
-        for key, value in (extra or {}).items():
-            node = cfg
-            *path, last = key.split(".")
-            for p in path:
-                node = node.setdefault(p, {})
-            node[last] = value
-        self.config = tmp / "config.yaml"
-        self.config.write_text(yaml.safe_dump(cfg))
-        self.out = open(tmp / "up.out", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "xpu_serve", "up", "-c", str(self.config)],
-                                     stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(os_env or {})})
-        self.ps = psutil.Process(self.proc.pid)
-
-    def events(self) -> list[dict[str, Any]]:
-        try:
-            text = (self.runtime / "events.jsonl").read_text()
-        except OSError:
-            return []
-        out = []
-        for ln in text.splitlines():
-            try:
-                out.append(json.loads(ln))
-            except ValueError:
-                pass
-        return out
-
-    def wait_event(self, name: str, timeout: float, after: int = 0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            evs = [e for e in self.events() if e.get("event") == name]
-            if len(evs) > after:
-                return evs[after]
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no {name!r} event in {timeout}s; output:\n{(self.tmp / 'up.out').read_text()[-3000:]}")
-
-    def stop(self) -> int:
-        kids: list[psutil.Process] = []
-        try:
-            kids = self.ps.children(recursive=True)
-        except psutil.Error:
-            pass
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        for k in kids:
-            try:
-                if k.is_running():
-                    k.kill()
-            except psutil.Error:
-                pass
-        self.out.close()
-        return code
-
-
 @pytest.fixture
-def up_factory(tmp_path: Path) -> Iterator[Any]:
-    ups: list[Up] = []
+def up_factory(sim_up_factory: Any) -> Any:
+    """`SimUp` runs with tar bundles (collector timeout 5 s); `env_vars` go to `environment.vars`."""
 
-    def make(*a: Any, **kw: Any) -> Up:
-        u = Up(tmp_path, *a, **kw)
-        ups.append(u)
-        return u
+    def make(faults: str, extra: dict[str, Any] | None = None, env_vars: dict[str, str] | None = None,
+             os_env: dict[str, str] | None = None) -> SimUp:
+        extra = {"bundles.collector_timeout_s": 5, "bundles.tar": True, **(extra or {})}
+        return sim_up_factory(faults, extra=extra, env=env_vars, os_env=os_env)  # type: ignore[no-any-return]
 
-    yield make
-    for u in ups:
-        u.stop()
+    return make
 
 
-def _incident_bundle(up: Up, timeout: float = 60) -> Path:
+def _incident_bundle(up: SimUp, timeout: float = 60) -> Path:
     ev = up.wait_event("incident", timeout)
     path = ev.get("bundle")
     assert path, ev

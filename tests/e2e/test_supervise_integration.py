@@ -33,30 +33,21 @@ from xpu_serve.incarnation import IncarnationContext
 from xpu_serve.sim import kernel as simkernel
 from xpu_serve.supervisor import EventLog, Supervisor
 
-from .test_watch_up import Up, free_port
+from .harness import SimUp, _free_port
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def up_factory(tmp_path: Path) -> Any:
-    """`Up(tmp_path, faults, extra=...)` runs of `xpu-serve up`, all stopped (and swept) at teardown."""
-    ups: list[Up] = []
-
-    def make(*a: Any, **kw: Any) -> Up:
-        u = Up(tmp_path, *a, **kw)
-        ups.append(u)
-        return u
-
-    yield make
-    for u in ups:
-        u.stop()
+def up_factory(sim_up_factory: Any) -> Any:
+    """`SimUp(tmp_path, faults, extra=...)` runs of `xpu-serve up`, all stopped (and swept) at teardown."""
+    return sim_up_factory
 
 
 LIBZE = "libze_intel_gpu.so.1.14.37020"
 
 
-def _state(up: Up) -> dict[str, Any]:
+def _state(up: SimUp) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads((up.runtime / "state.json").read_text())
         return data
@@ -64,7 +55,7 @@ def _state(up: Up) -> dict[str, Any]:
         return {}
 
 
-def _wait(pred: Any, timeout: float, what: str, up: Up | None = None) -> Any:
+def _wait(pred: Any, timeout: float, what: str, up: SimUp | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
@@ -212,7 +203,7 @@ def test_line_hook_feeds_every_line_from_the_pump_thread(tmp_path: Path) -> None
                 "command": [sys.executable, "-m", "xpu_serve.sim", "serve"],
                 "model": "tiny",
                 "tensor_parallel_size": 2,
-                "port": free_port(),
+                "port": _free_port(),
             },
             "environment": {"vars": {"XPU_SERVE_SIM_TIME_SCALE": "0.01"}},
             "metrics": {"enabled": False},

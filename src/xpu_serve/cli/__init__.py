@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from xpu_serve import __version__, exitcodes
@@ -60,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return exitcodes.OK
+    except Exception as e:  # a defect: one line for the operator, the traceback on request
+        if os.environ.get("XPU_SERVE_DEBUG"):
+            raise
+        print(
+            f"xpu-serve {args.command}: internal error: {type(e).__name__}: {e} (XPU_SERVE_DEBUG=1 shows where)",
+            file=sys.stderr,
+        )
+        return exitcodes.FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,7 +67,7 @@ class StandaloneContext:
 
 def _same_process(pid: int, started_at: Any) -> bool:
     """The pid is alive and (when its start time is known) is still the process we were told of."""
-    from xpu_serve.collectors import pid_alive
+    from xpu_serve.state import pid_alive
 
     if not pid_alive(pid):
         return False

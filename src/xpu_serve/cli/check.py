@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import load_config_or_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,18 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate and preflight; returns an exit code."""
-    from xpu_serve.config import ConfigError, load_config
     from xpu_serve.preflight import LIB_DIRS_ENV, exit_code, preflight
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
+    problems: list[str] = []
+    cfg = load_config_or_report(args.config, problems)
+    if cfg is None:
         if args.json:
             doc = {
                 "config": str(args.config),
-                "problems": e.problems,
+                "problems": problems,
                 "findings": [],
                 "exit_code": exitcodes.USAGE,
             }

@@ -13,6 +13,7 @@ import json
 import sys
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import load_config_or_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,14 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Render the config; returns an exit code."""
-    from xpu_serve.config import ConfigError, load_config
     from xpu_serve.vllm_command import render
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
+    cfg = load_config_or_report(args.config)
+    if cfg is None:
         return exitcodes.USAGE
     rendered = render(cfg)
     if args.json:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import load_config_or_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,14 +31,10 @@ def _default_exec() -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the unit; exit 2 with one line per problem on a bad config."""
-    from xpu_serve.config import ConfigError, load_config
     from xpu_serve.integrations.unit import render_unit
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
+    cfg = load_config_or_report(args.config)
+    if cfg is None:
         return exitcodes.USAGE
     exec_path = args.exec_path or _default_exec()
     sys.stdout.write(render_unit(cfg, Path(args.config), exec_path, args.user))

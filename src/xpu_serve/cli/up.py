@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import load_config_or_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,15 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the config and run the supervisor until it stops or gives up; returns the exit code."""
-    from xpu_serve.config import ConfigError, load_config
     from xpu_serve.state import EVENTS_FILE, LockedError
     from xpu_serve.supervisor import EventLog, run_supervisor
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
+    cfg = load_config_or_report(args.config)
+    if cfg is None:
         return exitcodes.USAGE
     runtime_dir = Path(args.runtime_dir or cfg.runtime_dir)
     try:

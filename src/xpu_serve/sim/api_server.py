@@ -39,6 +39,11 @@ _WORDS = (
 ).split()
 
 ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# the innermost frames of vLLM's AsyncLLM output handler when the EngineCore is dead (file, line, function, text)
+_OUTPUT_HANDLER_FRAMES = (
+    ("vllm/v1/engine/async_llm.py", 502, "output_handler", "outputs = await engine_core.get_output_async()"),
+    ("vllm/v1/engine/core_client.py", 899, "get_output_async", "raise self._format_exception(outputs) from None"),
+)
 
 _ROUTES = [
     ("/openapi.json", "GET, HEAD"),
@@ -408,20 +413,7 @@ class APIServer:
     def _engine_dead(self) -> None:
         if self.dead:
             return
-        frames = [
-            (
-                "vllm/v1/engine/async_llm.py",
-                502,
-                "output_handler",
-                "outputs = await engine_core.get_output_async()",
-            ),
-            (
-                "vllm/v1/engine/core_client.py",
-                899,
-                "get_output_async",
-                "raise self._format_exception(outputs) from None",
-            ),
-        ]
+        frames = list(_OUTPUT_HANDLER_FRAMES)
         vlog.error(
             "async_llm.py:546",
             "AsyncLLM output_handler failed.\n"
@@ -500,18 +492,7 @@ class APIServer:
             (path, 715 if chat else 301, func, "async for res in result_generator:"),
             ("vllm/v1/engine/async_llm.py", 437, "generate", "out = q.get_nowait() or await q.get()"),
             ("vllm/v1/engine/output_processor.py", 77, "get", "raise output"),
-            (
-                "vllm/v1/engine/async_llm.py",
-                502,
-                "output_handler",
-                "outputs = await engine_core.get_output_async()",
-            ),
-            (
-                "vllm/v1/engine/core_client.py",
-                899,
-                "get_output_async",
-                "raise self._format_exception(outputs) from None",
-            ),
+            *_OUTPUT_HANDLER_FRAMES,
         ]
         vlog.error(
             where,

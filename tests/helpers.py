@@ -1,0 +1,30 @@
+"""Test helpers shared by several test modules."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpu_serve.events import Event
+from xpu_serve.incarnation import ProcessInfo, Trigger
+
+
+@dataclass
+class Ctx:
+    """A minimal IncarnationContext (the supervisor's contract) that keeps what watchers report."""
+
+    config: Any
+    started_at: float = field(default_factory=time.time)
+    incarnation: int = 1
+    runtime_dir: Any = None
+    ready_at: float | None = None
+    processes: dict[int, ProcessInfo] = field(default_factory=dict)
+    failures: list[Trigger] = field(default_factory=list)
+    records: list[Event] = field(default_factory=list)
+
+    def fail(self, trigger: Trigger) -> None:
+        self.failures.append(trigger)
+
+    def record(self, event: Event) -> None:
+        self.records.append(event)
