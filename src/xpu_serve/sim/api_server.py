@@ -80,6 +80,15 @@ def _token_text(index: int) -> str:
     return " " + _WORDS[(index * 7) % len(_WORDS)]
 
 
+# The first frames of every traceback the API server prints: `vllm serve` -> CLI main -> serve
+# (vllm/entrypoints/cli/main.py, cli/serve.py), shared by all of them.
+_CLI_FRAMES = [
+    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+    ("vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+    ("vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+]
+
+
 class _Request:
     def __init__(self, rid: str, prompt_tokens: int, max_tokens: int):
         self.rid = rid
@@ -251,9 +260,7 @@ class APIServer:
             self.httpd = http.server.ThreadingHTTPServer((cfg.host, cfg.port), Handler)
         except OSError as e:
             frames = [
-                ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
-                ("vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
-                ("vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+                *_CLI_FRAMES,
                 (
                     "vllm/entrypoints/openai/api_server.py",
                     1397,
@@ -292,9 +299,7 @@ class APIServer:
                 self.engine.join(5)
                 code = self.engine.exitcode
                 frames = [
-                    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
-                    ("vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
-                    ("vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+                    *_CLI_FRAMES,
                     (
                         "vllm/entrypoints/openai/api_server.py",
                         1398,

@@ -33,6 +33,14 @@ from xpu_serve.sim.worker import worker_main
 ENGINE_NAME = "EngineCore_DP0"
 
 
+# The first frames of an EngineCore start-up traceback (vllm/v1/engine/core.py run_engine_core ->
+# EngineCoreProc.__init__), shared by every start-up failure it prints.
+_CORE_INIT_FRAMES = [
+    ("vllm/v1/engine/core.py", 927, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
+    ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
+]
+
+
 class _Fatal(Exception):
     def __init__(self, kind: str, in_step: bool):
         super().__init__(kind)
@@ -207,13 +215,7 @@ class EngineCore:
     def _startup_failed(self, kind: str) -> None:
         if kind == "startup-rpc":
             frames = [
-                (
-                    "vllm/v1/engine/core.py",
-                    927,
-                    "run_engine_core",
-                    "engine_core = EngineCoreProc(*args, **kwargs)",
-                ),
-                ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
+                *_CORE_INIT_FRAMES,
                 (
                     "vllm/v1/engine/core.py",
                     113,
@@ -251,13 +253,7 @@ class EngineCore:
                     f"Worker proc VllmWorker-{self.dead_rank} died unexpectedly, shutting down executor.",
                 )
             frames = [
-                (
-                    "vllm/v1/engine/core.py",
-                    927,
-                    "run_engine_core",
-                    "engine_core = EngineCoreProc(*args, **kwargs)",
-                ),
-                ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
+                *_CORE_INIT_FRAMES,
                 (
                     "vllm/v1/engine/core.py",
                     105,
