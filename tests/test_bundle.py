@@ -458,3 +458,62 @@ def test_whole_writer_is_bounded_even_when_stuck(tmp_path: Path) -> None:
     elapsed = time.monotonic() - t0
     assert 0.2 * 2 + 5 - 0.1 <= elapsed < 0.2 * 2 + 5 + 2  # the documented hard bound, not a second more
     assert not res.complete and res.errors == ["bundle writer cut off after 5.4s; the bundle may lack files"]
+
+
+def test_unprefixed_crash_dump_of_the_root_goes_into_its_process_log(tmp_path: Path) -> None:
+    """vLLM's native crash dump has no process prefix (the real cpu-tp2-worker0-segv log): the
+    analysis attributes it to Worker_TP0, and the bundle appends that block to Worker_TP0.log."""
+    from xpu_serve.collectors import attribute_root_block
+    from xpu_serve.diagnosis import diagnose_files
+    from xpu_serve.sources.vllm_output import LogPump
+
+    rt = tmp_path / "rt"
+    logs = rt / "logs" / "1"
+    real = Path(__file__).parent / "fixtures" / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
+    # the per-process files as the real pump makes them from the real log
+    pump = LogPump(logs, incarnation=1, echo=None)
+    r, w = os.pipe()
+    pump.start(r)
+    with os.fdopen(w, "wb") as f:
+        f.write(real.read_bytes())
+    assert pump.wait_eof(20)
+    pump.close()
+    worker_own = (logs / "Worker_TP0.log").read_text()
+    assert "Segfault encountered" not in worker_own  # the pump cannot know whose it is
+    contract = diagnose_files([logs / "vllm.log"]).to_contract()
+    root = contract["root"]
+    assert (root["process"], root["rank"]) == ("Worker_TP0", 0)
+    got = attribute_root_block(contract, logs)
+    assert got is not None
+    name, text, note = got
+    assert name == "Worker_TP0"
+    block = text.splitlines()
+    assert block[0].startswith(f"[xpu-serve bundle] vllm.log lines {root['line']}-")
+    assert block[1] == "!!!!!!! Segfault encountered !!!!!!!"
+    assert block[-1].strip().startswith('File "<unknown>", line 0, in 0xffffffffffffffff')
+    assert not any(line.startswith("(EngineCore") for line in block)
+    assert "attributed to Worker_TP0" in note
+
+    now = time.time()
+    ctx = FakeCtx(1, make_config(), rt, now - 30, now - 20, {
+        4242: ProcessInfo(name="Worker_TP0", pid=4242, rank=0, started_at=now - 30)})
+    trig = Trigger(kind="process-exit", detail="Worker_TP0 died", at=now, process="Worker_TP0", rank=0, pid=4242)
+    res = write_incident_bundle(ctx, trig, contract, "r\n", None)
+    assert res.path is not None
+    copied = (res.path / "logs" / "Worker_TP0.log").read_text()
+    assert copied.startswith(worker_own)  # the pump's own file first, whole
+    assert copied[len(worker_own):] == text
+    manifest = json.loads((res.path / "bundle.json").read_text())
+    assert any("attributed to Worker_TP0" in n for c in manifest["collectors"] for n in c.get("notes", [])), manifest
+
+
+def test_prefixed_or_unattributed_root_appends_nothing(tmp_path: Path) -> None:
+    from xpu_serve.collectors import attribute_root_block
+
+    (tmp_path / "vllm.log").write_text("(Worker_TP1 pid=7) ERROR x\nplain line\n")
+    root = {"process": "Worker_TP1", "file": str(tmp_path / "vllm.log"), "line": 1}
+    assert attribute_root_block({"root": root}, tmp_path) is None  # prefixed: filed already
+    assert attribute_root_block({"root": {**root, "line": 2, "process": None}}, tmp_path) is None
+    assert attribute_root_block({"root": {**root, "line": 2, "file": "/elsewhere/vllm.log"}}, tmp_path) is None
+    got = attribute_root_block({"root": {**root, "line": 2}}, tmp_path)
+    assert got is not None and got[0] == "Worker_TP1" and got[1].endswith("plain line\n")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import subprocess
 from pathlib import Path
 
@@ -514,3 +515,45 @@ def test_many_problems_are_capped(tmp_path: Path) -> None:
     assert len(ei.value.problems) == MAX_PROBLEMS == 20
     assert ei.value.problems[0] == f"{cfg}:3: engine.k0: unknown key"
     assert ei.value.problems[-1] == f"{cfg}: ... and {3000 - 19} more problems"
+
+
+def test_config_fifo_without_writer_is_an_error_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A named FIFO nobody writes to: one line after FIFO_WAIT_S, not a blocked open()."""
+    import time as _time
+
+    from xpu_serve import config as cfgmod
+
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(cfgmod, "FIFO_WAIT_S", 0.3)
+    t0 = _time.monotonic()
+    with pytest.raises(cfgmod.ConfigError) as ei:
+        cfgmod.load_config(fifo)
+    assert _time.monotonic() - t0 < 5
+    assert str(ei.value).startswith(f"{fifo}: cannot read config: a FIFO with no data from a writer within 0.3 s")
+
+
+def test_config_from_a_pipe_with_a_writer_loads(tmp_path: Path) -> None:
+    """`-c <(...)` and a named FIFO with a writer: the config is read from the pipe."""
+    import threading
+
+    from xpu_serve.config import load_config
+
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        with open(fifo, "w") as f:  # blocks until the reader opens
+            f.write("engine:\n  model: /models/from-fifo\n")
+
+    th = threading.Thread(target=writer, daemon=True)
+    th.start()
+    cfg = load_config(fifo)
+    th.join(5)
+    assert cfg.engine.model == "/models/from-fifo"
+    r = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m xpu_serve render --json -c <(printf 'engine:\\n  model: /m/x\\n')"],
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "/m/x" in r.stdout

@@ -222,3 +222,34 @@ def test_exit_burst_ranking_and_the_exiting_flag() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> None:
+    """EngineCore reaps a worker before the supervisor reads its status (no proc connector in a
+    container): the verdict's root, the worker's own unprefixed crash dump in the real
+    cpu-tp2-worker0-segv log, names the signal. Another process, or a known status, is left alone."""
+    from xpu_serve.diagnosis import diagnose_files
+    from xpu_serve.incarnation import Trigger
+    from xpu_serve.supervisor import signal_from_verdict
+
+    real = Path(__file__).parent / "fixtures" / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
+    contract = diagnose_files([real]).to_contract()
+    assert contract["root"]["process"] == "Worker_TP0"
+    assert contract["root"]["text"] == "!!!!!!! Segfault encountered !!!!!!!"
+
+    def trig(**kw: object) -> Trigger:
+        base: dict[str, object] = dict(kind="process-exit", detail="d", at=0.0, process="Worker_TP0", rank=0,
+                                       pid=contract["root"]["pid"])
+        base.update(kw)
+        return Trigger(**base)  # type: ignore[arg-type]
+
+    assert signal_from_verdict(contract, trig()) == "SIGSEGV"
+    assert signal_from_verdict(contract, trig(exit_code=1)) is None  # the status is known
+    assert signal_from_verdict(contract, trig(signal="SIGKILL")) is None
+    other = trig(process="Worker_TP1", rank=1, pid=(contract["root"]["pid"] or 0) + 1)
+    assert signal_from_verdict(contract, other) is None  # not the root's process
+    assert signal_from_verdict(contract, trig(kind="health")) is None
+    faulthandler = {"root": {"process": "EngineCore", "pid": 9, "text": "Fatal Python error: Aborted"}}
+    assert signal_from_verdict(faulthandler, trig(process="EngineCore", pid=9)) == "SIGABRT"
+    assert signal_from_verdict({"root": {"process": "Worker_TP0", "pid": None, "text": "ValueError: x"}},
+                               trig()) is None

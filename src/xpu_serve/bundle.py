@@ -426,6 +426,7 @@ def _write(
         release_devcoredump=bool(bcfg.release_devcoredump),
         engine_command=engine_cmd,
         stacks=stacks,
+        incident=incident,
     )
     log_dir = getattr(ctx, "log_dir", None)
     if log_dir:

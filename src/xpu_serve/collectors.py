@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
 from xpu_serve.state import pid_alive
@@ -170,6 +171,23 @@ class BundleWriter:
         finally:
             os.close(fd)
 
+    def append_text(self, rel: str, text: str, cancel: threading.Event | None = None) -> None:
+        """Append `text` (redacted, UTF-8) to `rel` inside the bundle, creating it if needed."""
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(rel)
+        p = self._path(rel)
+        red = self.redactor.bytes(text.encode("utf-8", "surrogateescape"))
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with self._lock:
+                rel_p = str(p.relative_to(self.root.resolve()))
+                if rel_p not in self.written:
+                    self.written.append(rel_p)
+            self._write_all(fd, red)
+        finally:
+            os.close(fd)
+
     def copy_file(self, src: Path, rel: str, cap_bytes: int, cancel: threading.Event | None = None) -> str:
         """Copy a regular file into the bundle, redacted line by line; past `cap_bytes` keep the
         first and the last `cap_bytes // 2` bytes (cut at line ends) with a marker line between.
@@ -278,6 +296,10 @@ class CollectorIO:
     def copy_file(self, src: Path, rel: str, cap_bytes: int) -> str:
         self.check()
         return self.writer.copy_file(src, rel, cap_bytes, self.cancel)
+
+    def append_text(self, rel: str, text: str) -> None:
+        self.check()
+        self.writer.append_text(rel, text, self.cancel)
 
     def run(
         self, argv: list[str], timeout_s: float | None = None, env: dict[str, str] | None = None,
@@ -452,6 +474,7 @@ class CollectInputs:
     kmsg_path: Path = Path("/dev/kmsg")
     sysfs_drm: Path = Path("/sys/class/drm")
     log_dir: Path | None = None  # default RUNTIME/logs/<incarnation>
+    incident: dict[str, Any] | None = None  # the verdict contract (root: process, file, line)
     _kmsg: list[KernelRecord] | None = field(default=None, repr=False)
     _kmsg_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -721,6 +744,75 @@ def collect_logs(inputs: CollectInputs, io: CollectorIO) -> None:
         how = io.copy_file(p, f"logs/{p.relative_to(src)}", inputs.log_cap_bytes)
         if how.startswith("head+tail"):
             io.note(f"logs/{p.relative_to(src)}: {how} (cap {inputs.log_cap_bytes})")
+    attributed = attribute_root_block(inputs.incident, src)
+    if attributed is not None:
+        name, text, note = attributed
+        io.append_text(f"logs/{name}.log", text)
+        io.note(note)
+
+
+# An unprefixed block attributed to a process ends at the next line with a vLLM prefix, at two
+# blank lines in a row, or after this many lines.
+_ATTRIBUTED_MAX_LINES = 400
+
+
+def attribute_root_block(incident: dict[str, Any] | None, log_dir: Path) -> tuple[str, str, str] | None:
+    """The root's own unprefixed lines, for that process's log in the bundle.
+
+    vLLM prefixes only what Python writes through `sys.stdout`/`sys.stderr` (vllm/utils
+    `decorate_logs`); a native crash handler (tvm-ffi's "!!!!!!! Segfault encountered !!!!!!!",
+    CPython faulthandler's "Fatal Python error: Segmentation fault", a C++ abort message) writes to
+    fd 2 itself, so the pump can only file it under ``unprefixed.log``. When the analysis has
+    attributed the root to a process (incident["root"]: process, file, line, e.g. from the crash
+    dump followed by that worker's death), this returns (process file name without ".log", text
+    to append, a note): a header naming the source lines, then the block from the root line to the
+    next prefixed line (at most `_ATTRIBUTED_MAX_LINES`). None when the root is prefixed (it is in
+    the process's file already), unattributed, or its file is not under `log_dir`.
+    """
+    root = (incident or {}).get("root")
+    if not isinstance(root, dict):
+        return None
+    process, file, line = root.get("process"), root.get("file"), root.get("line")
+    if not isinstance(process, str) or not process or not isinstance(file, str) or not isinstance(line, int):
+        return None
+    path = Path(file)
+    if path.parent.resolve() != log_dir.resolve() or not path.name.startswith("vllm.log") or line < 1:
+        return None
+    block: list[str] = []
+    blanks = 0
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+            for n, text in enumerate(f, 1):
+                if n < line:
+                    continue
+                text = text.rstrip("\n")
+                if n == line and split_process_prefix(text)[0] is not None:
+                    return None  # prefixed: the pump filed it under its process already
+                if n > line and split_process_prefix(text)[0] is not None:
+                    break
+                blanks = blanks + 1 if not text.strip() else 0
+                if blanks >= 2 or len(block) >= _ATTRIBUTED_MAX_LINES:
+                    break
+                block.append(text)
+    except OSError:
+        return None
+    while block and not block[-1].strip():
+        block.pop()
+    if not block:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", process)
+    if not (log_dir / f"{name}.log").exists():  # "EngineCore" is filed as EngineCore_DP0.log
+        similar = sorted(q.name[:-4] for q in log_dir.glob(f"{name}_*.log"))
+        name = similar[0] if similar else name
+    last = line + len(block) - 1
+    pid = root.get("pid")
+    who = f"{process} (pid {pid})" if isinstance(pid, int) else process
+    head = (
+        f"[xpu-serve bundle] {path.name} lines {line}-{last}, written without a vLLM prefix (native "
+        f"code bypasses vLLM's prefixing) and attributed to {who} by the analysis (root cause):\n"
+    )
+    note = f"logs/{name}.log: appended {path.name} lines {line}-{last} attributed to {who}"
+    return name, head + "\n".join(block) + "\n", note
 
 
 # ----------------------------------------------------------------------------------------------

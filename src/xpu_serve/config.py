@@ -18,12 +18,15 @@ the field descriptions below; tests/test_readme.py keeps the two equal).
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from importlib import resources
@@ -49,6 +52,8 @@ from pydantic import (
 # A real config is a few KB, a few hundred YAML nodes, nested 3-6 levels.
 
 MAX_FILE_BYTES = 1024 * 1024
+# a config path that is a FIFO (a named pipe nobody writes to): seconds to wait for its data
+FIFO_WAIT_S = 10.0
 """A config file larger than this (1 MiB) is refused before parsing."""
 MAX_NODES = 10_000
 """YAML nodes in the document, every use of an alias counted with the full size of its anchor
@@ -721,9 +726,44 @@ def _safe_loader(text: str) -> Any:
     return loader
 
 
+def _read_fifo(p: Path) -> bytes:
+    """A FIFO's content up to EOF (at most MAX_FILE_BYTES + 1 bytes), waiting at most
+    FIFO_WAIT_S seconds for data. `-c <(...)` hands us a pipe whose writer exists; a named FIFO
+    nobody writes to would block a plain open() forever. Raises OSError (ETIMEDOUT)."""
+    import select
+
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        got = 0
+        deadline = time.monotonic() + FIFO_WAIT_S
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while got <= MAX_FILE_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise OSError(errno.ETIMEDOUT, f"a FIFO with no data from a writer within {FIFO_WAIT_S:g} s")
+            try:
+                b = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _read_limited(p: Path) -> str:
     """The file's text, at most MAX_FILE_BYTES. Raises ConfigError (one line) otherwise."""
     try:
+        if stat.S_ISFIFO(os.stat(p).st_mode):
+            raw = _read_fifo(p)
+            if len(raw) > MAX_FILE_BYTES:
+                raise ConfigError([f"{p}: config file is more than {MAX_FILE_BYTES} bytes; the limit is 1 MiB"])
+            return raw.decode("utf-8")
         with p.open("rb") as f:
             raw = f.read(MAX_FILE_BYTES + 1)
             size = os.fstat(f.fileno()).st_size

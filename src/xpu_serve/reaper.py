@@ -5,8 +5,14 @@ that loses its parent (an EngineCore whose API server was SIGKILLed, a worker of
 EngineCore) is re-parented to it. Such orphans become zombies when they exit and nobody else will
 wait for them. A blanket `waitpid(-1)` would also steal the exit status of the children the
 supervisor waits for itself (the API server via `subprocess.Popen`, the log relay), so this reaps
-only zombies that are direct children and not in a protected set, found from `/proc/PID/stat`
-(proc(5): field 3 state, field 4 ppid).
+only zombies that are direct children, not in a protected set and (as the supervisor calls it) in
+one of the engine's sessions, found from `/proc/PID/stat` (proc(5): field 3 state, field 4 ppid,
+field 6 session; a zombie keeps its session until it is reaped). Collector tools the supervisor
+runs itself (py-spy, xpu-smi, a device check) are in other sessions, so their `subprocess` waits
+keep their exit codes.
+
+Written here rather than using tini's logic: `up` must also work as a plain PID 1 (docker run
+without --init), and the protected set is the supervisor's own knowledge.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import os
 from collections.abc import Iterable
 
 
-def zombie_children(parent: int | None = None) -> list[int]:
-    """Pids of zombie (state Z) processes whose parent is `parent` (default: this process)."""
+def zombie_children(parent: int | None = None, sessions: Iterable[int] | None = None) -> list[int]:
+    """Pids of zombie (state Z) processes whose parent is `parent` (default: this process) and,
+    when `sessions` is given, whose session id is one of them."""
     me = os.getpid() if parent is None else parent
+    sids = None if sessions is None else set(sessions)
     out: list[int] = []
     try:
         names = os.listdir("/proc")
@@ -32,19 +40,26 @@ def zombie_children(parent: int | None = None) -> list[int]:
         except OSError:
             continue
         rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 2 and rest[0] == b"Z" and int(rest[1]) == me:
-            out.append(int(name))
+        try:
+            if len(rest) < 4 or rest[0] != b"Z" or int(rest[1]) != me:
+                continue
+            if sids is not None and int(rest[3]) not in sids:
+                continue
+        except ValueError:
+            continue
+        out.append(int(name))
     return out
 
 
-def reap_orphans(protected: Iterable[int] = ()) -> list[int]:
-    """Reap every zombie child of this process except `protected` pids; returns the reaped pids.
+def reap_orphans(protected: Iterable[int] = (), sessions: Iterable[int] | None = None) -> list[int]:
+    """Reap every zombie child of this process except `protected` pids (and, when `sessions` is
+    given, only those in one of these session ids); returns the reaped pids.
 
     Never raises: a child reaped meanwhile by someone else is skipped.
     """
     keep = set(protected)
     reaped: list[int] = []
-    for pid in zombie_children():
+    for pid in zombie_children(sessions=sessions):
         if pid in keep:
             continue
         try:

@@ -57,6 +57,7 @@ STATE_HEARTBEAT_S = 5.0
 # When several watched processes exit within this many seconds, the trigger names the one that
 # died first with an abnormal status (signal or non-zero code), not a clean teardown exit.
 EXIT_WINDOW_S = 0.15
+REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,6 +244,8 @@ class Supervisor:
         self._sigint_count = 0
         self._lock = RuntimeLock(self.runtime_dir)
         self._popen: subprocess.Popen[bytes] | None = None
+        self._engine_sessions: set[int] = set()  # session ids of this run's engines (PID-1 reaper)
+        self.reaped: list[int] = []  # orphaned zombies reaped as PID 1 (xpu_serve.reaper)
         self._last_progress = time.monotonic()
         self._discover_now = asyncio.Event()
         self._exitwatch: proc_src.ExitWatch | None = None
@@ -442,6 +445,8 @@ class Supervisor:
         )
         drain_task = None
         heartbeat = loop.create_task(self._heartbeat())
+        # As PID 1 (a container without --init) re-parented vLLM orphans would stay zombies.
+        reaper_task = loop.create_task(self._reap_every(REAP_INTERVAL_S)) if os.getpid() == 1 else None
         if self._connector is not None:
             # Drained lazily (each exit report drains it) plus once a second so the socket buffer
             # never overflows: waking the loop for every process exit on a busy host costs more.
@@ -452,7 +457,9 @@ class Supervisor:
         finally:
             await self._cancel_watchers()
             heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            if reaper_task is not None:
+                reaper_task.cancel()
+            await asyncio.gather(heartbeat, *([reaper_task] if reaper_task else []), return_exceptions=True)
             if self._exitwatch:
                 self._exitwatch.close()
             if drain_task is not None:
@@ -460,6 +467,27 @@ class Supervisor:
             if self._connector is not None:
                 self._connector.close()
             self._lock.release()
+
+    async def _reap_every(self, interval_s: float) -> None:
+        """PID 1 only: every `interval_s` seconds reap the zombies of this run's engine sessions
+        that the supervisor does not wait for itself (the API server it launched, processes whose
+        exit the process watch has not reported yet: their status is read from the zombie)."""
+        from xpu_serve.reaper import reap_orphans
+
+        while True:
+            await asyncio.sleep(interval_s)
+            keep = set(self._exitwatch.pids) if self._exitwatch is not None else set()
+            if self._popen is not None and self._popen.returncode is None:
+                keep.add(self._popen.pid)
+            try:
+                got = reap_orphans(protected=keep, sessions=self._engine_sessions)
+            except Exception as ex:  # never stop supervision over housekeeping
+                self.log.emit("warning", f"reaper: {type(ex).__name__}: {ex}")
+                continue
+            if got:
+                self.reaped.extend(got)
+                del self.reaped[:-1000]
+                self.log.emit("reaped", f"reaped {len(got)} orphaned zombie(s): {got}", pids=got)
 
     async def _heartbeat(self) -> None:
         """Rewrite state.json every `heartbeat_s` seconds (its `written_at` proves it is current)."""
@@ -753,6 +781,7 @@ class Supervisor:
             return "failed"
         self._popen = popen
         ctx.pgid = popen.pid
+        self._engine_sessions.add(popen.pid)  # start_new_session: its pid is the session id
         ctx.started_at = time.time()
         # the kernel's start time (psutil create_time, as discovery records for the others): the
         # proof that a pid is still this process when the tree is stopped (cleanup.is_proven);
@@ -1188,6 +1217,20 @@ class Supervisor:
                 contract = dict(incident_obj.to_contract())
             except Exception as ex:
                 self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
+        sig = signal_from_verdict(contract, trig)
+        if sig is not None:
+            # the exit status was lost (the worker's parent reaped it first, no proc connector
+            # here) but the root is the process's own crash dump naming the signal
+            trig.signal = sig
+            info = ctx.processes.get(trig.pid) if trig.pid is not None else None
+            if info is not None and info.signal is None and info.exit_code is None:
+                info.signal = sig
+            notes = contract.setdefault("notes", [])
+            if isinstance(notes, list):
+                notes.append(
+                    f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
+                    f"signal {sig} taken from its crash dump"
+                )
         if contract.get("cause") in (None, "", "unknown"):
             # nothing in the logs supports a verdict: say what the supervisor itself saw
             fb = _fallback_cause(trig)
@@ -1304,6 +1347,43 @@ async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:
 def _starts(ctx: Incarnation) -> dict[int, float]:
     """pid -> start time (epoch s, psutil create_time) of the incarnation's known processes."""
     return {pid: p.started_at for pid, p in ctx.processes.items() if isinstance(p.started_at, (int, float))}
+
+
+def signal_from_verdict(contract: dict[str, Any], trig: Trigger) -> str | None:
+    """The signal ("SIGSEGV"...) a process-exit trigger of unknown status died by, as its own
+    crash dump says, or None.
+
+    Only when the trigger is a process exit with neither code nor signal known, and the verdict's
+    root (`contract["root"]`: process, pid, text, evidence) is that same process (by pid, or by name
+    when the root has no pid, as for an unprefixed dump the analysis attributed to it), and the
+    root's text or one of its evidence lines is a crash dump the signature table reads a signal
+    name from (`signame`: "Fatal Python error: Segmentation fault", "!!!!!!! Segfault encountered
+    !!!!!!!"; `diagnosis.death_signal` maps it)."""
+    from xpu_serve.diagnosis import death_signal
+    from xpu_serve.signatures import load_table
+
+    if trig.kind != "process-exit" or trig.signal is not None or trig.exit_code is not None:
+        return None
+    root = contract.get("root")
+    if not isinstance(root, dict):
+        return None
+    same = root.get("pid") == trig.pid if root.get("pid") is not None else root.get("process") == trig.process
+    if not same:
+        return None
+    texts = [root.get("text")] + [e.get("text") for e in root.get("evidence") or [] if isinstance(e, dict)]
+    table = load_table()
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        ev = Event(source="vllm", text=text, raw=text)
+        m = table.match(ev)
+        if m is None or "signame" not in m[1].groupdict():
+            continue
+        ev.extra["signame"] = m[1].group("signame")
+        got = death_signal(ev)
+        if got:
+            return got
+    return None
 
 
 def _exiting(pid: int) -> bool:

@@ -7,7 +7,7 @@ Issue 9. One supervisor runs through the whole module, in steps that build on ea
      crash handler delays by ~1.3 s), a bundle with verdict process-crash / rank 0 and vLLM's
      native dump, nothing of the old tree left, its /dev/shm and /tmp/vllm_dist_* files removed,
      restarted, ready again, answers again (2b: the bundle names SIGSEGV and has the dump in
-     Worker_TP0's own log: a known gap, xfail);
+     Worker_TP0's own log);
   3. `kill -STOP` a worker mid-stream -> the hang watchdog fires well before vLLM's own
      `RPC call ... timed out` (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=45 in configs/cpu-tiny.yaml),
      py-spy stacks in the bundle, restarted, ready, answers;
@@ -253,15 +253,13 @@ def test_2_worker0_segv_detected_first_bundled_cleaned_restarted(step: Run) -> N
     r.finish()
 
 
-@pytest.mark.xfail(
-    reason="known gap (issue 4/7): vLLM's crash handler prints the dump unprefixed and EngineCore reaps the "
-    "worker first, so the supervisor often knows neither the signal nor whose dump it is",
-    strict=False,
-)
 def test_2b_segv_bundle_names_signal_and_keeps_dump_in_worker_log(run: Run) -> None:
     """The SIGSEGV bundle names the signal and has the native dump in Worker_TP0's own log.
 
-    XFAIL while the gap lasts, XPASS once fixed; either way later steps go on."""
+    vLLM's crash handler writes the dump without a prefix and EngineCore may reap the worker before
+    the supervisor reads its status: the signal then comes from the dump the analysis attributed
+    to the worker (`supervisor.signal_from_verdict`), and the bundle appends the dump to
+    logs/Worker_TP0.log (`collectors.attribute_root_block`)."""
     if run.segv_bundle is None:
         pytest.skip("step 2 made no bundle")
     bundle = run.segv_bundle
