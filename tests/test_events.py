@@ -291,3 +291,145 @@ def test_bare_journal_kernel_tags() -> None:
         "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001"
     )
     assert rec is not None and rec.text.startswith("NVRM: Xid")
+
+
+# --- log shapes from public reports (tests/fixtures/reports) ------------------------------------
+
+
+def test_ray_ip_and_old_worker_prefixes() -> None:
+    # Ray remote-node prefix (", ip=..."), with ANSI colours as Ray prints to a TTY
+    ev = parse_line(
+        "\x1b[36m(RayWorkerWrapper pid=880, ip=10.0.0.1)\x1b[0m ERROR 04-16 01:01:44 [worker_base.py:620] "
+        "Error executing method 'init_device'."
+    )
+    assert (ev.source, ev.process, ev.pid, ev.level) == ("vllm", "RayWorkerWrapper", 880, "ERROR")
+    assert ev.text.startswith("Error executing method")
+    # any Ray actor name, with a torch rank tag after it
+    ev = parse_line("(model_worker/12 pid=43581, ip=10.0.0.54) [rank12]:[E227 06:13:07.855 x.cpp:1] boom")
+    assert (ev.process, ev.pid, ev.rank) == ("model_worker/12", 43581, 12)
+    # vLLM 0.8-0.10 spellings name the TP rank: normalised to "..._TP<n>"
+    assert split_process_prefix("(VllmWorker TP3 pid=405) INFO x")[:2] == ("VllmWorker_TP3", 405)
+    assert split_process_prefix("(VllmWorker rank=7 pid=1030) Process SpawnProcess-1:8:") == (
+        "VllmWorker_TP7",
+        1030,
+        "Process SpawnProcess-1:8:",
+    )
+    # a progress bar glued before an old-style prefix
+    ev = parse_line(
+        "Processed prompts:   0%|  | 0/1 [00:00<?, ?it/s](VllmWorker rank=1 pid=2) ERROR 03-26 03:34:57 [a.py:9] x"
+    )
+    assert (ev.process, ev.pid, ev.text) == ("VllmWorker_TP1", 2, "x")
+
+
+def test_github_markdown_wrappers() -> None:
+    # quote marks ("> ", nested) around a pasted line
+    ev = parse_line('> > (EngineCore_DP0 pid=2390)   File "x.py", line 3, in f')
+    assert (ev.process, ev.pid, ev.text) == ("EngineCore_DP0", 2390, '  File "x.py", line 3, in f')
+    ev = parse_line(
+        "> RuntimeError: oneCCL: ze_call.cpp:28 do_call: EXCEPTION: ze error at zeMemOpenIpcHandle"
+    )
+    assert ev.text.startswith("RuntimeError: oneCCL")
+    # a Python prompt is part of the log, not a quote
+    assert parse_line(">>> import torch").text == ">>> import torch"
+    # a fence glued to the first and the last line, and a fence line with its language tag
+    ev = parse_line(
+        "```[Sun Mar 30 08:24:00 2025] Out of memory: Killed process 7899 (python) total-vm:1kB```"
+    )
+    assert (ev.source, ev.pid, ev.time_text) == ("kernel", 7899, "Sun Mar 30 08:24:00 2025")
+    assert ev.text.endswith("total-vm:1kB")
+    assert parse_line("```text").text == ""
+
+
+def test_oneccl_lines_without_stamp() -> None:
+    for line, level, text in (
+        (
+            "CCL_ERROR| ze_handle_manager.cpp:42 mem_to_ipc_handle:",
+            "CCL_ERROR",
+            "ze_handle_manager.cpp:42 mem_to_ipc_handle:",
+        ),
+        (
+            "|CCL_WARN| value of CCL_ATL_TRANSPORT changed to be ofi",
+            "CCL_WARN",
+            "value of CCL_ATL_TRANSPORT changed to be ofi",
+        ),
+        (
+            "CCL_WARN comm_dev_uuids is not sub-vector of node_dev_uuids",
+            "CCL_WARN",
+            "comm_dev_uuids is not sub-vector of node_dev_uuids",
+        ),
+    ):
+        ev = parse_line(line)
+        assert (ev.source, ev.level, ev.text) == ("ccl", level, text)
+    # an environment dump is not a oneCCL log line
+    assert parse_line("CCL_WORKER_COUNT=2").source == "text"
+
+
+def test_non_english_journal_months() -> None:
+    # journalctl prints strftime's %b in the host's locale
+    for stamp in ("Mär 26 04:12:20", "févr. 26 04:12:20", "mars  6 04:12:20", "ene 26 04:12:20"):
+        ev = parse_line(f"{stamp} host kernel: Out of memory: Killed process 7986 (VLLM::Worker_TP)")
+        assert (ev.source, ev.pid, ev.time_text) == ("kernel", 7986, stamp), stamp
+        rec = parse_kernel_record(
+            f"{stamp} host kernel: Out of memory: Killed process 7986 (VLLM::Worker_TP)"
+        )
+        assert rec is not None and rec.pid == 7986
+    # dmesg -T in a German locale
+    ev = parse_line(
+        "[Do Mär 26 10:12:46 2026] VLLM::Worker_TP[8335]: segfault at 5 ip 0000762f1beff168 sp 00007ffd3b90f940 "
+        "error 4 in libze_intel_gpu.so.1[6ff168,762f1b800000+9d4000]"
+    )
+    assert (ev.source, ev.pid) == ("kernel", 8335)
+    # a vLLM line is not mistaken for a syslog stamp
+    assert parse_line("INFO 03-15 17:24:17 [pynccl.py:69] vLLM is using nccl==2.25.1").source == "vllm"
+
+
+def test_short_iso_journal_and_compose_timestamps() -> None:
+    # journalctl -o short-iso: ISO stamp, host, "kernel:"
+    for stamp in ("2026-03-26T04:12:20.123456+01:00", "2026-03-26T04:12:20+0100"):
+        ev = parse_line(f"{stamp} host kernel: Out of memory: Killed process 7986 (VLLM::Worker_TP)")
+        assert (ev.source, ev.pid, ev.text[:13]) == ("kernel", 7986, "Out of memory"), stamp
+    # docker compose logs -t: the stamp comes after the service prefix
+    ev = parse_line("vllm-1  | 2026-04-16T12:49:28.263781156Z (EngineCore_DP0 pid=568) RuntimeError: boom")
+    assert (ev.process, ev.pid, ev.time_text, ev.text) == (
+        "EngineCore_DP0",
+        568,
+        "2026-04-16 12:49:28",
+        "RuntimeError: boom",
+    )
+
+
+def test_ray_data_nested_actor_name_and_spaced_stamp() -> None:
+    line = (
+        "2026-03-09 01:31:29.489217213 (MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.118) "
+        "(EngineCore_DP0 pid=32080) Traceback (most recent call last):"
+    )
+    ev = parse_line(line)
+    assert (ev.process, ev.pid, ev.time_text, ev.text) == (
+        "EngineCore_DP0",
+        32080,
+        "2026-03-09 01:31:29",
+        "Traceback (most recent call last):",
+    )
+    assert split_process_prefix("(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.118) x") == (
+        "MapWorker(MapBatches(vLLMEngineActor))",
+        1202,
+        "x",
+    )
+    # Python logging's own "YYYY-MM-DD HH:MM:SS,mmm - LEVEL -" lines are not a wrapper (nor a kernel record)
+    ev = parse_line("2024-09-02 16:44:34,970 - INFO - Converting the current model to sym_int4 format......")
+    assert ev.source == "text" and ev.text.startswith("2024-09-02 16:44:34,970")
+
+
+def test_non_english_dmesg_T_and_cjk_months_give_times() -> None:
+    # dmesg -T and journalctl in ja_JP / zh_CN / fr_FR / de_DE: the record is found and its time kept
+    for line, when in (
+        ("[木  3月 26 10:12:46 2026] Out of memory: Killed process 7986 (python3)", (2026, 3, 26)),
+        ("[四 3月 26 10:12:46 2026] Out of memory: Killed process 7986 (python3)", (2026, 3, 26)),
+        ("[jeu. mars 26 10:12:46 2026] Out of memory: Killed process 7986 (python3)", (2026, 3, 26)),
+        ("[Do Mär 26 10:12:46 2026] Out of memory: Killed process 7986 (python3)", (2026, 3, 26)),
+        ("12月 26 04:12:20 host kernel: Out of memory: Killed process 7986 (python3)", (1900, 12, 26)),
+        ("févr. 26 04:12:20 host kernel: Out of memory: Killed process 7986 (python3)", (1900, 2, 26)),
+    ):
+        ev = parse_line(line)
+        assert (ev.source, ev.pid) == ("kernel", 7986), line
+        assert ev.time is not None and (ev.time.year, ev.time.month, ev.time.day) == when, line

@@ -120,3 +120,67 @@ def test_derive_keyword() -> None:
 def test_bad_tables_are_rejected_with_the_row_named(doc, msg) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SignatureError, match=msg):
         parse_table(doc)
+
+
+# --- rows added from public reports (tests/fixtures/reports) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, row, signal",
+    [
+        # bash's job report, English and as glibc's strsignal translations print it in other locales
+        (
+            "./run.sh: line 12: 40211 Segmentation fault      (core dumped) python -m vllm.entrypoints",
+            "shell-job-signal",
+            "SIGSEGV",
+        ),
+        ("Segmentation fault (core dumped)", "shell-job-signal", "SIGSEGV"),
+        ("Speicherzugriffsfehler (Speicherabzug geschrieben)", "shell-job-signal", "SIGSEGV"),
+        ("Erreur de segmentation (core dumped)", "shell-job-signal", "SIGSEGV"),
+        ("段错误 (核心已转储)", "shell-job-signal", "SIGSEGV"),
+        ("Abgebrochen (Speicherabzug geschrieben)", "shell-job-signal", "SIGABRT"),
+        ("[1]+  Killed                  vllm serve /models/x", "shell-job-signal", "SIGKILL"),
+        ("Getötet", "shell-job-signal", "SIGKILL"),
+        # abseil/glog failure handler (Ray workers) and UCX's error handler
+        ("*** SIGSEGV received at time=1722289279 on cpu 61 ***", "failure-signal-handler", "SIGSEGV"),
+        (
+            "[host:285  :0:285] Caught signal 11 (Segmentation fault: address not mapped to object at address (nil))",
+            "ucx-caught-signal",
+            "SIGSEGV",
+        ),
+    ],
+)
+def test_crash_reports_in_other_shapes(line: str, row: str, signal: str) -> None:
+    from xpu_serve.diagnosis import death_signal
+
+    ev = parse_line(line)
+    got = TABLE.match(ev, in_traceback=False)
+    assert got is not None and got[0].id == row, line
+    for k, v in got[1].groupdict().items():
+        if v is not None:
+            ev.extra[k] = v
+    assert death_signal(ev) == signal
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Killed process 7986 (python3)",  # a kernel message, not the shell's
+        "Segmentation fault from GPU at 0xff00000688c74000, ctx_id: 1 (CCS)",  # the compute runtime's page fault
+        "INFO 01-01 00:00:00 [a.py:1] Aborted request chatcmpl-1.",
+        "the job was Killed by the user",
+    ],
+)
+def test_shell_job_signal_needs_the_shell_shape(line: str) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert got is None or got[0].id != "shell-job-signal", line
+
+
+def test_cuda_runtime_oom_wordings_are_device_oom() -> None:
+    for line in (
+        "torch.AcceleratorError: CUDA error: out of memory",
+        "RuntimeError: CUDA error: out of memory",
+        "Cuda failure 'out of memory'",
+    ):
+        got = TABLE.match(parse_line(line), in_traceback=False)
+        assert got is not None and got[0].cause == "device-oom", line

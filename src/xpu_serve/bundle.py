@@ -41,6 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from xpu_serve import aio
 from xpu_serve.collectors import (
     DEFAULT_COLLECTORS,
     DIR_MODE,
@@ -831,8 +832,7 @@ class BundleRequestWatcher:
                     continue
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(serve_bundle_request, ctx, req)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            await aio.wait_event(self._wake, self.interval_s)
 
 
 def catches_signal(pid: int, signum: int) -> bool | None:

@@ -62,6 +62,13 @@ _EXC_LINE_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
 )
 _REFAISE_RE = re.compile(r"Worker failed with error")
+# the innermost frame of an exception raised by vLLM's command-line parsing or config checks:
+# FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py) and the
+# config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
+_CONFIG_FRAME_RE = re.compile(
+    r'File "[^"]*(?:", line \d+, in parse_args$|/arg_utils\.py", line \d+, in |'
+    r'/config(?:\.py|/\w+\.py)", line \d+, in (?:__post_init__|_?verify\w*|__init__)$)'
+)
 # the stats line's numbers, matched at the position of "Avg prompt throughput: " (the fast path);
 # the table's stats-line row is the reference shape (vllm/v1/metrics/loggers.py)
 _STATS_AT = re.compile(
@@ -86,6 +93,24 @@ _SIGNAME = {
     "bus error": "SIGBUS",
     "floating point exception": "SIGFPE",
     "illegal instruction": "SIGILL",
+    "killed": "SIGKILL",
+    # the shell's job reports in other languages (glibc strsignal translations: po/de.po, fr.po, ...)
+    "speicherzugriffsfehler": "SIGSEGV",
+    "erreur de segmentation": "SIGSEGV",
+    "violación de segmento": "SIGSEGV",
+    "falha de segmentação": "SIGSEGV",
+    "errore di segmentazione": "SIGSEGV",
+    "ошибка сегментирования": "SIGSEGV",
+    "段错误": "SIGSEGV",
+    "セグメンテーション違反です": "SIGSEGV",
+    "abgebrochen": "SIGABRT",
+    "abandon": "SIGABRT",
+    "abortado": "SIGABRT",
+    "аварийный останов": "SIGABRT",
+    "已放弃": "SIGABRT",
+    "中止": "SIGABRT",
+    "getötet": "SIGKILL",
+    "已杀死": "SIGKILL",
 }
 # lines that record the death of one process: when they are about the root's process they are
 # evidence of the root (its own dump, the supervisor's exit fact, EngineCore's report), not consequences
@@ -99,6 +124,7 @@ _DEATH_EVIDENCE = frozenset(
         "coredump-frame-umd",
         "worker-died-unexpectedly",
         "worker-died-v0",
+        "ray-worker-died",
         "kernel-oom-killed",
     }
 )
@@ -241,6 +267,7 @@ class Analyzer:
         self._tb: dict[tuple[str, int | None], list[int]] = {}  # stream -> [state, group]
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
+        self._tb_last_frame: dict[int, str] = {}  # traceback group -> its latest `File ...` frame line
         self._last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
@@ -554,6 +581,10 @@ class Analyzer:
                     group = st[1]
                     if stripped.startswith("File "):
                         st[0] = 2
+                        lf = self._tb_last_frame
+                        lf[group] = stripped
+                        if len(lf) > 4096:
+                            del lf[next(iter(lf))]
                     elif not stripped or stripped.startswith(("^", "~")):
                         pass
                     elif stripped.startswith(("During handling", "The above exception")):
@@ -590,6 +621,12 @@ class Analyzer:
         if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
+        if sig.id == "python-exception" and ev.group is not None:
+            frame = self._tb_last_frame.get(ev.group)
+            if frame is not None and _CONFIG_FRAME_RE.search(frame):
+                # raised while vLLM parsed its command line or checked its configuration
+                ev.cause = "config-error"
+                ev.extra["config_frame"] = frame
         gd = mt.groupdict()
         for k, v in gd.items():
             if v is not None:
@@ -834,8 +871,21 @@ class Analyzer:
                 cause = "engine-hang"
             hang_precursors = late_waits or hang_precursors
         startup_info = self._startup_info()
+        # the API server waiting, again and again, for the engine core to come up
+        startup_waits = [
+            e
+            for sid, evs in self.precursors.items()
+            for e in evs
+            if self.table.by_id[sid].cause == "startup-hang"
+        ]
+        startup_waits.sort(key=cmp_to_key(_cmp_time))
+        n_waits = sum(
+            n for sid, n in self.precursor_counts.items() if self.table.by_id[sid].cause == "startup-hang"
+        )
+        if not self.ready and cause is None and not self.milestones and n_waits >= 2:
+            cause = "startup-hang"
         if not self.ready and cause in (None, "engine-hang") and self.milestones:
-            if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors:
+            if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors or n_waits >= 2:
                 cause = "startup-hang"
             elif not self.groups and not demoted:
                 cause = "startup-hang"
@@ -906,6 +956,12 @@ class Analyzer:
                 inc.root, sr_ev = self._startup_root(startup_info, root)
                 if sr_ev is not None:
                     tl_root = sr_ev
+                if inc.root is None and startup_waits:
+                    w = startup_waits[-1]
+                    p, r4, pd = self._subject(w, notes, link=False)
+                    inc.root = self._contract_event(w, p, r4, pd)
+                    tl_root = w
+                    inc.hang = self._hang(None, startup_waits, notes)
                 if root is not None:
                     notes.append(
                         f"{self.table.by_id[root.signature or ''].label} happened before the server was ready"
@@ -1036,6 +1092,7 @@ class Analyzer:
         for sid in (
             "worker-died-unexpectedly",
             "worker-died-v0",
+            "ray-worker-died",
             "process-killed-by-signal",
             "process-exited",
         ):
@@ -1071,6 +1128,16 @@ class Analyzer:
             pid = int(ev.extra["pid"]) if ev.extra.get("pid") else None  # type: ignore[call-overload]
             r2 = self.pid_rank.get(pid) if pid is not None else None
             return normalize_process("Worker", r2), r2, pid
+        if sid == "ray-worker-died" and ev.extra.get("pid"):
+            # the raylet's report names the dead worker's pid inside its message
+            pid = int(str(ev.extra["pid"]))
+            r2 = self.pid_rank.get(pid)
+            return normalize_process(self.pid_name.get(pid, "RayWorker"), r2), r2, pid
+        if sid in ("shell-job-signal", "ucx-caught-signal") and ev.extra.get("pid"):
+            # bash's job report: "run.sh: line 12: 40211 Segmentation fault (core dumped) python ..."
+            pid = int(str(ev.extra["pid"]))
+            r3 = self.pid_rank.get(pid)
+            return normalize_process(self.pid_name.get(pid), r3), r3, pid
         if sid in ("engine-core-died-unexpectedly", "engine-core-proc-failed"):
             pid = next((p for p, n in self.pid_name.items() if n.startswith("EngineCore")), None)
             return "EngineCore", None, pid
@@ -1445,6 +1512,9 @@ class Analyzer:
                 if miss
                 else ""
             )
+            if not s.get("last_milestone") and inc.hang and inc.hang.get("detected_by"):
+                h = inc.hang
+                return f"Start-up stalled: {h['detected_by']} (last at {h.get('detected_at') or '?'}){follow}"
             return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}{follow}"
         if c == "process-crash" and signal:
             return f"{who} was killed by {signal}{where}{follow}"

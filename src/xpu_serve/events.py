@@ -60,7 +60,13 @@ class Event:
 # decorate_logs), and re-prefixes what it relays, so lines can carry nested prefixes:
 # "(APIServer pid=A) (EngineCore_DP0 pid=B) ERROR ...". Written here (not a library) because it is
 # the domain's own log shape.
-_PREFIX_RE = re.compile(r"\(([A-Za-z][\w:.-]*) pid=(\d+)\)\s?")
+# Older and Ray-relayed spellings of the same prefix: vLLM 0.8-0.10 "(VllmWorker rank=1 pid=N)" and
+# "(VllmWorker TP0 pid=N)", Ray's "(RayWorkerWrapper pid=N, ip=10.0.0.1)" and other Ray actors
+# ("(model_worker/12 pid=N, ip=...)"; ray/_private/log_monitor.py adds ", ip=" for remote nodes).
+# Ray Data actors nest parentheses in the name: "(MapWorker(MapBatches(vLLMEngineActor)) pid=N, ip=...)".
+_PREFIX_RE = re.compile(
+    r"\(([A-Za-z][\w:./()-]*)(?: (?:TP|rank=)(\d+))? pid=(\d+)(?:, ip=[\w.:\[\]-]+)?\)\s?"
+)
 
 
 def split_process_prefix(line: str) -> tuple[str | None, int | None, str]:
@@ -68,7 +74,8 @@ def split_process_prefix(line: str) -> tuple[str | None, int | None, str]:
 
     Returns (name, pid, rest) for the innermost prefix, e.g.
     "(APIServer pid=1) (EngineCore_DP0 pid=2) INFO x" -> ("EngineCore_DP0", 2, "INFO x");
-    (None, None, line) when the line has no prefix at its start.
+    the older "(VllmWorker TP0 pid=3)" / "(VllmWorker rank=0 pid=3)" give "VllmWorker_TP0", and a
+    Ray ", ip=..." part is dropped. (None, None, line) when the line has no prefix at its start.
     """
     name: str | None = None
     pid: int | None = None
@@ -77,7 +84,9 @@ def split_process_prefix(line: str) -> tuple[str | None, int | None, str]:
         m = _PREFIX_RE.match(line, pos)
         if not m:
             break
-        name, pid, pos = m.group(1), int(m.group(2)), m.end()
+        name, pid, pos = m.group(1), int(m.group(3)), m.end()
+        if m.group(2) is not None:
+            name = f"{name}_TP{m.group(2)}"
     return name, pid, line[pos:]
 
 
@@ -109,12 +118,28 @@ _CCL_RE = re.compile(
 )
 _KMSG_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
 _DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?")
-_DMESG_T_RE = re.compile(r"\[((?:\w{2,4}\.? )?\w{2,4}\.?\s+\d+ \d\d:\d\d:\d\d \d{4})\]\s?")
-_ISO_RE = re.compile(r"\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?\s+")
-_SYSLOG_RE = re.compile(
-    r"([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+# `dmesg -T` prints strftime's "%a %b %e %H:%M:%S %Y" in the host's language: "[Thu Mar 26 ...]",
+# "[Do Mär 26 ...]", "[jeu. mars 26 ...]", "[木  3月 26 ...]", "[四 3月 26 ...]"
+_DMESG_T_RE = re.compile(
+    r"\[((?:[^\W\d_]{1,4}\.? +)?(?:[^\W\d_]{2,5}\.?|\d{1,2}月)\s+\d+ \d\d:\d\d:\d\d \d{4})\]\s?"
 )
-_MID_PREFIX_RE = re.compile(r"\([A-Za-z][\w:.-]* pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+_ISO_RE = re.compile(r"\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?\s+")
+# month abbreviations of any locale ("Mar", "Mär", "mars", "févr.", "ene"): journalctl prints
+# strftime's %b, so a non-English host writes its own month names (the order stays "%b %d").
+_SYSLOG_RE = re.compile(
+    r"((?:[^\W\d_]{3,5}\.?|\d{1,2}月) [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+)
+_MID_PREFIX_RE = re.compile(
+    r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
+# oneCCL lines whose stamp was cut off or never printed ("|CCL_WARN| msg", "CCL_ERROR| msg",
+# "CCL_WARN msg" as people quote them)
+_CCL_BARE_RE = re.compile(r"\|?(CCL_(?:ERROR|WARN|INFO|DEBUG|TRACE|FATAL))(?:\| ?| )")
+# a log shipper's stamp with a space (Ray Data, fluent-bit, kubectl --timestamps with a custom
+# format) before a vLLM process prefix: "2026-03-09 01:31:29.489210231 (EngineCore_DP0 pid=N) ..."
+_ISO_SP_RE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?=\()")
+# `journalctl -o short-iso` / rsyslog: "2026-03-26T04:12:20+0100 host kernel: msg"
+_HOST_KERNEL_RE = re.compile(r"\S+ kernel: ")
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
 _TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
 _NCCL_RE = re.compile(r"(\S+):(\d+):(\d+) \[(\d+)\] NCCL (INFO|WARN|ERROR|TRACE)\s")
@@ -125,6 +150,40 @@ _MONTHS = {
         ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
     )
 }
+# %b of other locales (glibc localedata: de_DE, fr_FR, es_ES, it_IT, pt_BR, nl_NL), lower case, dot dropped
+_MONTHS_INTL = {
+    m: i
+    for i, names in enumerate(
+        (
+            "jan janv ene gen",
+            "feb févr fév fev",
+            "mär mrz mars mar",
+            "apr avr abr",
+            "mai may mag",
+            "jun juin giu",
+            "jul juil lug",
+            "aug août ago",
+            "sep sept set",
+            "okt oct ott out",
+            "nov",
+            "dez déc dec dic",
+        ),
+        1,
+    )
+    for m in names.split()
+}
+
+
+def _month(tok: str) -> int:
+    """Month number of a %b token in English or another locale ("Mar", "Mär", "mars", "3月");
+    raises KeyError when unknown."""
+    got = _MONTHS.get(tok)
+    if got is not None:
+        return got
+    if tok.endswith("月") and tok[:-1].isdigit():
+        return int(tok[:-1])
+    return _MONTHS_INTL[tok.rstrip(".").lower()]
+
 
 # Kernel messages (after any stamp) that identify a record as a kernel one when it arrives
 # without a kernel-only wrapper (e.g. an ISO stamp that could also be `docker logs -t`).
@@ -278,7 +337,11 @@ def _parse_kernel(s: str) -> Event | None:
     if m:
         ts = m.group(1)
         t = _parse_iso(ts)
-        return _kernel_event(s[m.end() :], s, time_text=ts.replace("T", " "), t=t)
+        rest = s[m.end() :]
+        mh = _HOST_KERNEL_RE.match(rest)
+        if mh:
+            rest = rest[mh.end() :]
+        return _kernel_event(rest, s, time_text=ts.replace("T", " "), t=t)
     m = _SYSLOG_RE.match(s)
     if m:
         return _kernel_event(s[m.end() :], s, time_text=m.group(1), t=_parse_syslog_time(m.group(1)))
@@ -331,7 +394,7 @@ def _parse_ctime(ts: str) -> datetime | None:
     try:
         mon, day, hms, year = parts[-4], int(parts[-3]), parts[-2], int(parts[-1])
         h, mi, se = (int(x) for x in hms.split(":"))
-        return datetime(year, _MONTHS[mon], day, h, mi, se)
+        return datetime(year, _month(mon), day, h, mi, se)
     except (KeyError, ValueError, IndexError):
         return None
 
@@ -340,7 +403,7 @@ def _parse_syslog_time(ts: str) -> datetime | None:
     try:
         mon, day, hms = ts.split()
         h, mi, se = (int(x) for x in hms.split(":"))
-        return datetime(1900, _MONTHS[mon], int(day), h, mi, se)
+        return datetime(1900, _month(mon), int(day), h, mi, se)
     except (KeyError, ValueError):
         return None
 
@@ -382,11 +445,25 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     if not text:
         return Event(source="text", text="", raw=s, file=file, line=lineno)
     c = text[0]
+    if c == ">" or c == "`":
+        text = _strip_markdown(text)
+        if not text:
+            return Event(source="text", text="", raw=s, file=file, line=lineno)
+        c = text[0]
+    if text[-1] == "`" and text.endswith("```"):
+        text = text[:-3]
+        if not text:
+            return Event(source="text", text="", raw=s, file=file, line=lineno)
     # --- wrappers -------------------------------------------------------------------------
     if c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == "T":
         m = _ISO_RE.match(text)
         if m:
             rest = text[m.end() :]
+            if _HOST_KERNEL_RE.match(rest):
+                ev = parse_kernel_record(text)
+                if ev is not None:
+                    ev.file, ev.line = file, lineno
+                    return ev
             if _KERNEL_MSG_RE.match(rest) or (m.group(2) or "").startswith(","):
                 ev = parse_kernel_record(text)
                 if ev is not None:
@@ -395,6 +472,13 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
             wrap_time = m.group(1).replace("T", " ")
             wrap_dt = _parse_iso(m.group(1))
             text = rest
+            c = text[:1]
+    elif c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == " ":
+        m = _ISO_SP_RE.match(text)
+        if m:
+            wrap_time = m.group(1)
+            wrap_dt = _parse_iso(m.group(1).replace(" ", "T"))
+            text = text[m.end() :]
             c = text[:1]
     elif c == " " and text.lstrip()[:1].isdigit() and _ISO_RE.match(text):
         ev = parse_kernel_record(text)
@@ -406,7 +490,21 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         if m:
             text = text[m.end() :]
             c = text[:1]
-    if c.isupper() and len(text) > 16 and text[3] == " " and text[6] == " " and text[9] == ":":
+            if c.isdigit() and wrap_time is None and len(text) > 20 and text[4] == "-" and text[10] == "T":
+                # `docker compose logs -t`: "service  | 2026-04-16T12:49:28.263Z msg"
+                m = _ISO_RE.match(text)
+                if m:
+                    wrap_time = m.group(1).replace("T", " ")
+                    wrap_dt = _parse_iso(m.group(1))
+                    text = text[m.end() :]
+                    c = text[:1]
+    if (
+        (c.isalpha() or (c.isdigit() and "月" in text[1:3]))
+        and len(text) > 16
+        and (sp := text.find(" ", 2, 7)) > 0
+        and text[sp + 3] == " "
+        and text[sp + 6] == ":"
+    ):
         m = _SYSLOG_RE.match(text)
         if m:
             unit = m.group(3)
@@ -450,6 +548,10 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
                 line=lineno,
                 code_location=m.group(3),
             )
+        if text[:4] == "CCL_":
+            ev = _ccl_bare(text, s, name, pid, file, lineno, wrap_time, wrap_dt)
+            if ev is not None:
+                return ev
         if text.startswith(("INFO:", "WARNING:", "ERROR:", "CRITICAL:")):
             m = _UVICORN_RE.match(text)
             if m:
@@ -465,6 +567,10 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
                     time_text=wrap_time,
                     time=wrap_dt,
                 )
+    elif c == "|" and text[1:5] == "CCL_":
+        ev = _ccl_bare(text, s, name, pid, file, lineno, wrap_time, wrap_dt)
+        if ev is not None:
+            return ev
     elif c.isdigit():
         if len(text) > 20 and text[4] == ":" and text[10] == "-":
             m = _CCL_RE.match(text)
@@ -553,6 +659,46 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         raw=s,
         process=name,
         pid=pid if pid else wrap_pid,
+        file=file,
+        line=lineno,
+        time_text=wrap_time,
+        time=wrap_dt,
+    )
+
+
+def _strip_markdown(text: str) -> str:
+    """Drop what a GitHub issue wraps around a pasted log line: quote marks ("> ", "> > ") and a
+    code fence glued to the line ("```[Sun Mar 30 ...] msg", "```text"). A Python prompt (">>> ")
+    is kept: it is part of the log."""
+    while text[:1] == ">" and text[:3] != ">>>":
+        text = text[2:] if text[1:2] == " " else text[1:]
+    if text[:3] == "```":
+        text = text[3:]
+        if text.isalnum():  # the fence's language tag alone ("```text", "```log")
+            return ""
+    return text
+
+
+def _ccl_bare(
+    text: str,
+    raw: str,
+    name: str | None,
+    pid: int | None,
+    file: str | None,
+    lineno: int | None,
+    wrap_time: str | None,
+    wrap_dt: datetime | None,
+) -> Event | None:
+    m = _CCL_BARE_RE.match(text)
+    if not m:
+        return None
+    return Event(
+        source="ccl",
+        text=text[m.end() :],
+        raw=raw,
+        process=name,
+        pid=pid,
+        level=m.group(1),
         file=file,
         line=lineno,
         time_text=wrap_time,

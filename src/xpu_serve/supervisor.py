@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
-from xpu_serve import cleanup, exitcodes, facts
+from xpu_serve import aio, cleanup, exitcodes, facts
 from xpu_serve.config import Config
 from xpu_serve.events import Event, split_process_prefix
 from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
@@ -611,8 +611,7 @@ class Supervisor:
             else None
         )
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await aio.wait_event(self._wake, delay)
             if ready_task is not None and not ready_task.done() and not self._wake.is_set():
                 self.next_restart_at = None
                 self._set_state("backoff", blocker)
@@ -1100,8 +1099,7 @@ class Supervisor:
                 await self._discover_now.wait()
             else:
                 # all found: keep watching for new segments until ready, at a slower pace
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._discover_now.wait(), 0.1 if not expected <= names else 0.5)
+                await aio.wait_event(self._discover_now, 0.1 if not expected <= names else 0.5)
 
     async def _readiness(self, ctx: Incarnation) -> None:
         """starting -> ready, then /health failure counting; start-up stall and overall limits."""

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from xpu_serve import facts
+from xpu_serve import aio, facts
 from xpu_serve.events import Event
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.sources import kernel as ksrc
@@ -220,11 +220,7 @@ class KernelWatcher:
         if self._crash_seen.is_set():
             return True
         limit = self.settle_s if max_s is None else max_s
-        try:
-            await asyncio.wait_for(self._crash_seen.wait(), limit)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await aio.wait_event(self._crash_seen, limit)
 
     def recent_gpu_faults(self, within_s: float) -> list[Event]:
         """GPU fault events seen in the last `within_s` seconds (oldest first)."""

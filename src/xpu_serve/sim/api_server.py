@@ -29,9 +29,9 @@ from http import HTTPStatus
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from xpu_serve.sim import VLLM_VERSION, vlog
+from xpu_serve.sim import vlog
 from xpu_serve.sim.common import SimConfig
-from xpu_serve.sim.engine_core import ENGINE_NAME, run_engine_core
+from xpu_serve.sim.engine_core import run_engine_core
 
 _WORDS = (
     "the xpu engine answers every prompt with steady tokens while four cards share one model "
@@ -42,7 +42,12 @@ ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for 
 # the innermost frames of vLLM's AsyncLLM output handler when the EngineCore is dead (file, line, function, text)
 _OUTPUT_HANDLER_FRAMES = (
     ("vllm/v1/engine/async_llm.py", 502, "output_handler", "outputs = await engine_core.get_output_async()"),
-    ("vllm/v1/engine/core_client.py", 899, "get_output_async", "raise self._format_exception(outputs) from None"),
+    (
+        "vllm/v1/engine/core_client.py",
+        899,
+        "get_output_async",
+        "raise self._format_exception(outputs) from None",
+    ),
 )
 
 _ROUTES = [
@@ -200,13 +205,14 @@ class APIServer:
     # -- start-up ----------------------------------------------------------------------------
     def run(self) -> int:
         cfg = self.cfg
+        vlog.set_style(cfg.prefix_style)
         vlog.set_name("APIServer")
         vlog.install_streams()
         if os.environ.get("PYTHONFAULTHANDLER") or cfg.faults_of("api-crash"):
             faulthandler.enable(all_threads=True)
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
-        vlog.info("api_server.py:1351", f"vLLM API server version {VLLM_VERSION}")
+        vlog.info("api_server.py:1351", f"vLLM API server version {cfg.vllm_version}")
         vlog.info("utils.py:253", f"non-default args: {cfg.non_default_args!r}")
         if not self._bind():
             return 1
@@ -222,7 +228,7 @@ class APIServer:
             )
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe(duplex=True)
-        self.engine = ctx.Process(target=run_engine_core, args=(cfg, theirs), name=ENGINE_NAME)
+        self.engine = ctx.Process(target=run_engine_core, args=(cfg, theirs), name=cfg.engine_name)
         self.engine.start()
         theirs.close()
         self.conn = mine
@@ -343,7 +349,7 @@ class APIServer:
                 ]
                 exc = (
                     "RuntimeError: Engine core initialization failed. See root cause above. "
-                    f"Failed core proc(s): {{'{ENGINE_NAME}': {code}}}"
+                    f"Failed core proc(s): {{'{self.cfg.engine_name}': {code}}}"
                 )
                 sys.stderr.write(vlog.traceback_text(frames, exc) + "\n")
                 sys.stderr.flush()
@@ -378,7 +384,7 @@ class APIServer:
                     self.engine.join(0.5)
                     vlog.error(
                         "core_client.py:610",
-                        f"Engine core proc {ENGINE_NAME} died unexpectedly, shutting down client.",
+                        f"Engine core proc {self.cfg.engine_name} died unexpectedly, shutting down client.",
                     )
                     self._engine_dead()
                 return
@@ -611,7 +617,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 },
             )
         elif path == "/version":
-            self._json(200, {"version": VLLM_VERSION})
+            self._json(200, {"version": self.api.cfg.vllm_version})
         elif path == "/metrics":
             assert api.metrics is not None
             data = api.metrics.text()

@@ -9,7 +9,8 @@ in the ``non-default args`` line, like vLLM does for the flags it knows.
 Environment: ``XPU_SERVE_SIM_FAULTS`` (see :mod:`xpu_serve.sim.faults`),
 ``XPU_SERVE_SIM_TIME_SCALE``, ``XPU_SERVE_SIM_TOKEN_RATE`` (engine steps per second, default 50),
 ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300), ``VLLM_RINGBUFFER_WARNING_INTERVAL`` (60),
-``VLLM_LOG_STATS_INTERVAL`` (10), ``XPU_SERVE_INCARNATION``, ``XPU_SERVE_SIM_DIST_TAG`` (the hex in
+``VLLM_LOG_STATS_INTERVAL`` (10), ``XPU_SERVE_SIM_PREFIX`` (``0.14``, default, or ``0.32``: whose
+process-prefix shapes to print, see :func:`xpu_serve.sim.faults.prefix_style`), ``XPU_SERVE_INCARNATION``, ``XPU_SERVE_SIM_DIST_TAG`` (the hex in
 ``/tmp/vllm_dist_<hex>`` and ``/dev/shm/vllm_dist_<hex>-cpushm_<rank>``; 1-64 hex digits, checked at
 start; random by default).
 
@@ -26,7 +27,7 @@ import sys
 import uuid
 from typing import Any
 
-from xpu_serve.sim.faults import FaultSpecError, active, env_seconds, parse_faults, time_scale
+from xpu_serve.sim.faults import FaultSpecError, active, env_seconds, parse_faults, prefix_style, time_scale
 
 USAGE = 2
 
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ring = env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0)
         stats = env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0)
         rate = env_seconds("XPU_SERVE_SIM_TOKEN_RATE", 50.0)
+        style = prefix_style()
     except FaultSpecError as e:
         if "XPU_SERVE_SIM" in str(e) or "VLLM_" in str(e):
             return _fail(str(e))
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         execute_model_timeout=exec_timeout,
         faults=active(faults, getenv_incarnation()),
         dist_tag=dist_tag,
+        prefix_style=style,
     )
     from xpu_serve.sim.api_server import run
 

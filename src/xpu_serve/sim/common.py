@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from xpu_serve.sim import VLLM_VERSION
 from xpu_serve.sim.faults import Fault
 
 PCI_ADDRESSES = ("0000:0e:00.0", "0000:47:00.0", "0000:86:00.0", "0000:c2:00.0")
@@ -45,6 +46,7 @@ class SimConfig:
     faults: list[Fault] = field(default_factory=list)  # active for this incarnation
     dist_tag: str = ""  # hex shared by /tmp/vllm_dist_<hex> and /dev/shm/vllm_dist_<hex>-cpushm_<rank>
     kv_cache_tokens: int = 220160
+    prefix_style: str = "0.14"  # XPU_SERVE_SIM_PREFIX: "0.14" or "0.32" (see faults.prefix_style)
 
     def scaled(self, seconds: float, floor: float = 0.0) -> float:
         """`seconds` times the time scale, at least `floor` (real seconds)."""
@@ -58,6 +60,17 @@ class SimConfig:
     def orphans(self) -> bool:
         """True when the `orphans` fault is active: children ignore their parent's death."""
         return bool(self.faults_of("orphans"))
+
+    @property
+    def engine_name(self) -> str:
+        """The EngineCore's process name and log prefix name: ``EngineCore_DP0`` (vLLM 0.14) or
+        ``EngineCore`` (vLLM 0.32, tests/fixtures/cases/cpu-tp2-worker0-segv)."""
+        return "EngineCore" if self.prefix_style == "0.32" else "EngineCore_DP0"
+
+    @property
+    def vllm_version(self) -> str:
+        """The vLLM version the banner and the engine config line name."""
+        return "0.32.0" if self.prefix_style == "0.32" else VLLM_VERSION
 
     @property
     def worker_name_suffix(self) -> bool:

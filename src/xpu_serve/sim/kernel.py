@@ -15,6 +15,10 @@ Record texts:
 - xe engine reset: drivers/gpu/drm/xe/xe_guc_submit.c (``xe_gt_notice``):
   ``xe PCI: [drm] Tile0: GT0: Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=N``.
 - OOM killer: mm/oom_kill.c ``dump_header``/``__oom_kill_process``.
+- xe job timeout (device lost): drivers/gpu/drm/xe/xe_guc_submit.c: the compute engine's reset
+  notice (``Engine reset: engine_class=ccs, ..., state=0x29``) and ``guc_exec_queue_timedout_job``'s
+  ``Timedout job: seqno=N, lrc_seqno=N, guc_id=N, flags=0x20 in COMM [PID]``, in the order and
+  shape of tests/fixtures/cases/xe-ccs-tdr-device-lost.
 """
 
 from __future__ import annotations
@@ -86,6 +90,26 @@ def engine_reset_record(pci: str, guc_id: int) -> tuple[int, str]:
         5,
         f"xe {pci}: [drm] Tile0: GT0: Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id={guc_id}",
     )
+
+
+def job_timeout_records(pci: str, comm: str, pid: int, seqno: int) -> list[tuple[int, str]]:
+    """The xe driver's records when a job of `pid` (`comm`) on the card at `pci` hangs on the
+    compute engine (CCS) and is timed out: engine reset, then the timed-out job naming the process.
+    `seqno` is the job's sequence number (any positive integer)."""
+    guc_id = 9
+    n = max(1, seqno)
+    return [
+        (
+            5,
+            f"xe {pci}: [drm] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, "
+            f"guc_id={guc_id}, state=0x29",
+        ),
+        (
+            5,
+            f"xe {pci}: [drm] Tile0: GT0: Timedout job: seqno={n}, lrc_seqno={n}, guc_id={guc_id}, "
+            f"flags=0x20 in {comm} [{pid}]",
+        ),
+    ]
 
 
 def _status_kb(field: str) -> int:

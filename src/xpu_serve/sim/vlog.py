@@ -32,6 +32,7 @@ PY_LIB = "/usr/lib/python3.12"
 
 _lock = threading.Lock()
 _name = "APIServer"
+_stream_prefix = True  # vLLM 0.14: the streams prefix every line; 0.32: only logger records
 
 
 def _write_fd(fd: int, data: bytes) -> None:
@@ -71,7 +72,7 @@ class PrefixedStream(io.TextIOBase):
             lines = text.split("\n")
             self._partial = lines.pop()
             if lines:
-                prefix = prefix_text()
+                prefix = prefix_text() if _stream_prefix else ""
                 out = "".join(f"{prefix}{line}\n" for line in lines)
                 _write_fd(self._fd, out.encode("utf-8", "replace"))
         return len(s)
@@ -79,7 +80,8 @@ class PrefixedStream(io.TextIOBase):
     def flush(self) -> None:
         with _lock:
             if self._partial:
-                _write_fd(self._fd, (prefix_text() + self._partial).encode("utf-8", "replace"))
+                prefix = prefix_text() if _stream_prefix else ""
+                _write_fd(self._fd, (prefix + self._partial).encode("utf-8", "replace"))
                 self._partial = ""
 
 
@@ -100,6 +102,15 @@ def get_name() -> str:
     return _name
 
 
+def set_style(style: str) -> None:
+    """Where the process prefix goes: "0.14" (vLLM v0.14 ``decorate_logs`` wraps sys.stdout and
+    sys.stderr, so every Python-level line is prefixed, uvicorn's included) or "0.32" (only
+    vLLM logger records carry it; uvicorn's lines and multiprocessing's ``Process EngineCore:``
+    traceback are bare, as in tests/fixtures/cases/cpu-tp2-worker0-segv/vllm.log)."""
+    global _stream_prefix
+    _stream_prefix = style != "0.32"
+
+
 def install_streams() -> None:
     """Replace sys.stdout/sys.stderr by prefixing, unbuffered streams on fds 1 and 2."""
     sys.stdout = PrefixedStream(1)
@@ -115,6 +126,8 @@ def log(level: str, loc: str, msg: str) -> None:
     """Print one vLLM logger record to stdout (through the prefix): every line of `msg` gets
     ``LEVEL MM-DD HH:MM:SS [loc] `` (vLLM NewLineFormatter). `loc` is ``file.py:line``."""
     header = f"{level} {stamp()} [{loc}] "
+    if not _stream_prefix:
+        header = prefix_text() + header
     sys.stdout.write("".join(f"{header}{line}\n" for line in msg.split("\n")))
 
 

@@ -23,10 +23,26 @@ import time
 from multiprocessing.connection import Connection
 
 from xpu_serve.sim import kernel, vlog
-from xpu_serve.sim.common import SimConfig, current_cpu, read_comm
+from xpu_serve.sim.common import SimConfig, current_cpu, pci_address, read_comm
 from xpu_serve.sim.faults import Fault
 
 _UR_OOM = "level_zero backend failed with error: 39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)"
+# The wording of a lost device in a forward pass on XPU, as PyTorch raises it: the title of
+# https://github.com/pytorch/pytorch/issues/190972 ("XPU: RuntimeError: level_zero backend failed
+# with error: 20 (UR_RESULT_ERROR_DEVICE_LOST)"); error 20 is UR_RESULT_ERROR_DEVICE_LOST in
+# unified-runtime's ur_api.h (also "Native API returns: 20 (UR_RESULT_ERROR_DEVICE_LOST)" in
+# tests/fixtures/cases/startup-device-lost and reports/device-lost-ipex-model-to-xpu).
+_UR_DEVICE_LOST = "level_zero backend failed with error: 20 (UR_RESULT_ERROR_DEVICE_LOST)"
+# oneCCL's fd manager failing to open a card's render node for the IPC handle exchange:
+# CCL_THROW_IF_NOT in src/common/global/ze/ze_fd_manager.cpp fill_device_fds logs
+# "|CCL_ERROR| ze_fd_manager.cpp:214 fill_device_fds: condition fds[dev_idx] > 0 failed" and the
+# message on its own line, then throws; torch-ccl turns it into the RuntimeError below. Lines as in
+# tests/fixtures/reports/ccl-ze-fd-manager-init-device (vllm-project/vllm PR 14612) and the
+# exception text of vllm-project/vllm issue 14747 (raised from XPUWorker.init_device's
+# warm-up `torch.distributed.all_reduce(torch.zeros(1).xpu())`).
+_CCL_FD_COND = "ze_fd_manager.cpp:214 fill_device_fds: condition fds[dev_idx] > 0 failed"
+_CCL_FD_MSG = "open failed: fd: -1, errno: No such file or directory"
+_CCL_FD_EXC = f"oneCCL: ze_fd_manager.cpp:214 fill_device_fds: EXCEPTION: {_CCL_FD_MSG}"
 
 
 def worker_main(cfg: SimConfig, rank: int, conn: Connection, death: Connection) -> None:
@@ -45,11 +61,13 @@ class WorkerProc:
         self.peer_died: int | None = None
         self.serving_at: float | None = None
         self.hung = False
+        self.device_lost: Fault | None = None  # a due device-lost fault: the next step fails
         self.shm_path: str | None = None
         self.shm_maps: list[mmap.mmap] = []  # every rank's cpushm segment, mapped for life
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
+        vlog.set_style(self.cfg.prefix_style)
         vlog.set_name("Worker")
         vlog.install_streams()
         if os.environ.get("PYTHONFAULTHANDLER") or self.cfg.faults_of("worker-segv", self.rank):
@@ -156,7 +174,14 @@ class WorkerProc:
         vlog.ccl(
             "WARN", "could not get local_idx/count from environment variables, trying to get them from ATL"
         )
+        for f in cfg.faults_of("ccl-init-fail"):
+            if f.rank == r:
+                self._ccl_init_fail()
+            # the other ranks wait inside the warm-up all_reduce for the rank that failed: stuck
+            # in oneCCL's C++, they run no Python signal handler, so only SIGKILL ends them
+            self.hung = True
         self._barrier("ccl-init")
+        self.hung = False
         time.sleep(s(1.0))
         if tp > 1 and os.environ.get("CCL_TOPO_FABRIC_VERTEX_CONNECTION_CHECK") != "0":
             vlog.ccl(
@@ -335,13 +360,113 @@ class WorkerProc:
             os._exit(1)
         threading.Event().wait()  # stays up until the executor shuts it down (SIGTERM)
 
+    def _ccl_init_fail(self) -> None:
+        """oneCCL fails in XPUWorker.init_device's warm-up all_reduce (the IPC handle exchange
+        cannot open a device fd): CCL_ERROR lines natively, then vLLM's ``WorkerProc failed to
+        start.`` traceback; the worker reports the failure and exits 1 (vLLM worker_main)."""
+        vlog.ccl("ERROR", _CCL_FD_COND, self.rank)
+        vlog.native(_CCL_FD_MSG + "\n")
+        torch = "/usr/local/lib/python3.12/dist-packages/torch"
+        frames = [
+            (
+                "vllm/v1/executor/multiproc_executor.py",
+                624,
+                "worker_main",
+                "worker = WorkerProc(*args, **kwargs)",
+            ),
+            ("vllm/v1/executor/multiproc_executor.py", 463, "__init__", "self.worker.init_device()"),
+            (
+                "vllm/v1/worker/worker_base.py",
+                326,
+                "init_device",
+                "self.worker.init_device()  # type: ignore",
+            ),
+            (
+                "vllm/v1/worker/xpu_worker.py",
+                174,
+                "init_device",
+                "torch.distributed.all_reduce(torch.zeros(1).xpu(), group=get_world_group().device_group)",
+            ),
+            (f"{torch}/distributed/c10d_logger.py", 81, "wrapper", "return func(*args, **kwargs)"),
+            (
+                f"{torch}/distributed/distributed_c10d.py",
+                2955,
+                "all_reduce",
+                "work = group.allreduce([tensor], opts)",
+            ),
+        ]
+        vlog.error(
+            "multiproc_executor.py:793",
+            "WorkerProc failed to start.\n" + vlog.traceback_text(frames, f"RuntimeError: {_CCL_FD_EXC}"),
+        )
+        # no WorkerProc was built, so a SIGTERM from the executor's shutdown logs nothing
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
+        self.conn.send(("failed", _CCL_FD_EXC, "ccl-init"))
+        time.sleep(self.cfg.scaled(0.2))
+        sys.stdout.flush()
+        os._exit(1)
+
+    def _device_lost(self, step: int, f: Fault) -> None:
+        """UR_RESULT_ERROR_DEVICE_LOST in this step's forward pass: with ``kernel=``, first the xe
+        driver's records (the job on this card's compute engine timed out, the engine was reset);
+        then vLLM's ``WorkerProc hit an exception.`` traceback, and the failure goes back to the
+        EngineCore as the step's answer (vLLM worker_busy_loop); the worker keeps running."""
+        if f.kernel:
+            kernel.write_records(
+                f.kernel,
+                kernel.job_timeout_records(pci_address(self.rank), read_comm(), os.getpid(), step),
+            )
+        torch = "/usr/local/lib/python3.12/dist-packages/torch"
+        frames = [
+            (
+                "vllm/v1/executor/multiproc_executor.py",
+                806,
+                "worker_busy_loop",
+                "output = func(*args, **kwargs)",
+            ),
+            (
+                "vllm/v1/worker/worker_base.py",
+                369,
+                "execute_model",
+                "return self.worker.execute_model(scheduler_output)",
+            ),
+            (f"{torch}/utils/_contextlib.py", 120, "decorate_context", "return func(*args, **kwargs)"),
+            (
+                "vllm/v1/worker/gpu_worker.py",
+                624,
+                "execute_model",
+                "output = self.model_runner.execute_model(scheduler_output, intermediate_tensors)",
+            ),
+            (f"{torch}/utils/_contextlib.py", 120, "decorate_context", "return func(*args, **kwargs)"),
+            (
+                "vllm/v1/worker/gpu_model_runner.py",
+                3071,
+                "execute_model",
+                "model_output = self._model_forward(",
+            ),
+            (
+                f"{torch}/nn/modules/module.py",
+                1775,
+                "_wrapped_call_impl",
+                "return self._call_impl(*args, **kwargs)",
+            ),
+        ]
+        vlog.error(
+            "multiproc_executor.py:817",
+            "WorkerProc hit an exception.\n"
+            + vlog.traceback_text(frames, f"RuntimeError: {_UR_DEVICE_LOST}"),
+        )
+        self.conn.send(("err", step, self.rank, _UR_DEVICE_LOST))
+
     # -- serving -----------------------------------------------------------------------------
     def worker_busy_loop(self) -> None:
         """Serve ``step`` requests; fire ``after=`` faults when they are due."""
         pending: list[Fault] = [
             f
             for f in self.cfg.faults
-            if f.rank == self.rank and f.after is not None and f.kind.startswith(("worker-", "host-"))
+            if f.rank == self.rank
+            and f.after is not None
+            and f.kind.startswith(("worker-", "host-", "device-lost"))
         ]
         while True:
             timeout: float | None = None
@@ -363,9 +488,16 @@ class WorkerProc:
     def execute_model(self, msg: tuple | None, fault: Fault | None) -> None:
         """One forward pass (1/token_rate s), or the scripted fault if one is due."""
         if fault is not None:
-            self._fire(fault)
+            if fault.kind == "device-lost":
+                self.device_lost = fault  # noticed by the next forward pass (as on a real card)
+            else:
+                self._fire(fault)
             return
         assert msg is not None
+        if self.device_lost is not None:
+            f, self.device_lost = self.device_lost, None
+            self._device_lost(msg[1], f)
+            return
         time.sleep(1.0 / self.cfg.token_rate)
         self.conn.send(("out", msg[1], self.rank))
 

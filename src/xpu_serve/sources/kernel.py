@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpu_serve import aio
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo
 
@@ -487,7 +488,7 @@ class _ProcessSource(KernelSource):
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()  # our own child, by its pid
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 2.0)  # reap it and close its pipes
+                await aio.wait_for(proc.wait(), 2.0)  # reap it and close its pipes
 
     def close(self) -> None:
         p = self.proc

@@ -105,7 +105,7 @@ def learn_prefix(processes: dict[int, ProcessInfo], name: str | None, pid: int |
         return
     info = processes[pid]
     tp = _TP_RE.search(name)
-    if name.startswith("Worker") and tp:
+    if "Worker" in name and tp:  # Worker_TP1, VllmWorker_TP1 (older vLLM "VllmWorker TP1")
         info.name, info.rank = f"Worker_TP{tp.group(1)}", int(tp.group(1))
     elif name.startswith("EngineCore"):
         info.name, info.rank = "EngineCore", None

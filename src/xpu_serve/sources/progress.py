@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from xpu_serve import aio
+
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -266,7 +268,7 @@ async def canary_request(
     body: dict[str, Any] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     try:
-        r = await asyncio.wait_for(
+        r = await aio.wait_for(
             client.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout_s),
             timeout_s,
         )
