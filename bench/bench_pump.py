@@ -4,20 +4,23 @@
 
 The child (a separate Python process) writes `--mb` MB of vLLM-like lines (APIServer, EngineCore,
 Worker_TPn, oneCCL and unprefixed lines) to its stdout, and reports its own write throughput.
-Mode "block": 64 KiB `write()`s (the worst case for the pump). Mode "line": one `write()` per
+Mode "block": one `write()` per 400 lines (48,640 bytes; the worst case for the pump). Mode "line": one `write()` per
 line, as vLLM's `logging.StreamHandler` does (it flushes every record). Baseline: stdout is a regular file in a temporary directory. Pump: stdout and
 stderr are pipes read by `LogPump` (files in a temporary directory, echo off, callback on). Both run
 in this same process run, alternated, `--runs` times; medians are printed with their ratio
 (target >= 0.8), and the pump's line and drop counts. The relay writes vllm.log itself: each run
 checks that it holds every byte the child wrote ("vllm.log complete"); only the forwarding to
-the per-process files and the callback drops (counted, marked). The child's RESULT line is read
-from the end of vllm.log (the callback may not see it).
+the per-process files and the callback drops (counted, marked; meanwhile the relay splices the
+pipes into vllm.log). The child's RESULT line is read from the end of vllm.log (the callback
+may not see it). CPU time per run (less sensitive to other load than the rates): the child's
+(wait4), the relay's (its rusage once reaped by close()), the supervisor's until the child exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -79,7 +82,13 @@ def run_baseline(mb: int, tmp: Path, mode: str) -> float:
     return int(nbytes) / float(dt) / 1e6
 
 
-def run_pump(mb: int, tmp: Path, i: int, mode: str) -> tuple[float, float, object, bool]:
+def _cpu_ms(r: resource.struct_rusage) -> float:
+    return 1000 * (r.ru_utime + r.ru_stime)
+
+
+def run_pump(
+    mb: int, tmp: Path, i: int, mode: str
+) -> tuple[float, float, object, bool, tuple[float, float, float]]:
     # The child reports on stderr, which the pump reads too; forwarding to the callback may drop
     # it, vllm.log may not: take the RESULT line from the end of vllm.log.
     logs = tmp / f"logs{i}{mode}"
@@ -87,14 +96,20 @@ def run_pump(mb: int, tmp: Path, i: int, mode: str) -> tuple[float, float, objec
         logs, incarnation=1, echo=None, on_line=lambda line, lineno: None, max_bytes=256 * 1024**2, backups=1
     )
     t0 = time.perf_counter()
+    self0 = _cpu_ms(resource.getrusage(resource.RUSAGE_SELF))
+    kids0 = _cpu_ms(resource.getrusage(resource.RUSAGE_CHILDREN))
     p = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(mb), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     pump.start(p.stdout, p.stderr)
-    p.wait()
+    _, status, child_ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    sup_cpu = _cpu_ms(resource.getrusage(resource.RUSAGE_SELF)) - self0
     pump.wait_eof(300)
     t_all = time.perf_counter() - t0
-    stats = pump.close()
+    stats = pump.close()  # (reaps the relay)
+    child_cpu = _cpu_ms(child_ru)
+    relay_cpu = _cpu_ms(resource.getrusage(resource.RUSAGE_CHILDREN)) - kids0 - child_cpu
     log = logs / "vllm.log"
     with open(log, "rb") as f:
         f.seek(max(0, log.stat().st_size - 200))
@@ -102,7 +117,13 @@ def run_pump(mb: int, tmp: Path, i: int, mode: str) -> tuple[float, float, objec
     nbytes, dt = last.split()[1:3]
     complete = log.stat().st_size == int(nbytes) + len(last) + 1  # every byte the child wrote
     shutil.rmtree(logs)
-    return int(nbytes) / float(dt) / 1e6, int(nbytes) / t_all / 1e6, stats, complete
+    return (
+        int(nbytes) / float(dt) / 1e6,
+        int(nbytes) / t_all / 1e6,
+        stats,
+        complete,
+        (child_cpu, relay_cpu, sup_cpu),
+    )
 
 
 def main() -> int:
@@ -120,9 +141,11 @@ def main() -> int:
             pumped: list[float] = []
             drained: list[float] = []
             drops: list[float] = []
+            cpus: list[tuple[float, float, float]] = []
             for i in range(a.runs):
                 base.append(run_baseline(a.mb, tmp, mode))
-                child, total, stats, complete = run_pump(a.mb, tmp, i, mode)
+                child, total, stats, complete, cpu = run_pump(a.mb, tmp, i, mode)
+                cpus.append(cpu)
                 pumped.append(child)
                 drained.append(total)
                 drops.append(stats.dropped_lines / max(1, stats.lines + stats.dropped_lines))  # type: ignore[attr-defined]
@@ -136,6 +159,11 @@ def main() -> int:
                 f"[{mode}] child -> pump:  median {p:.0f} MB/s (until all handled: {statistics.median(drained):.0f} MB/s; "
                 f"lines not forwarded to per-process files/callback, counted and marked: median "
                 f"{100 * statistics.median(drops):.0f} %; vllm.log has them all)"
+            )
+            c, r, s = (statistics.median(x[k] for x in cpus) for k in range(3))
+            print(
+                f"[{mode}] CPU time, medians: child {c:.0f} ms, relay {r:.0f} ms (whole run, counting included), "
+                f"supervisor until the child's exit {s:.0f} ms"
             )
             print(f"[{mode}] ratio pump/file: {p / b:.2f} (target >= 0.8)")
             print(f"[{mode}] load average after: {os.getloadavg()[0]:.1f}")

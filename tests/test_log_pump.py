@@ -45,6 +45,15 @@ class Collect:
         self.lines.append((lineno, line))
 
 
+class SlowCollect(Collect):
+    """A slow supervisor side on purpose: sleeps 2 ms every 100 lines (the forwarding drops)."""
+
+    def __call__(self, line: str, lineno: int) -> None:
+        if lineno % 100 == 0:
+            time.sleep(0.002)
+        self.lines.append((lineno, line))
+
+
 @pytest.fixture(params=[True, False], ids=["relay", "threads"])
 def relay(request: pytest.FixtureRequest) -> bool:
     """Both ways of reading the pipes: the relay process (default) and in-process threads."""
@@ -692,12 +701,8 @@ def test_relay_vllm_log_complete_and_rotated_while_supervisor_is_slow(tmp_path: 
     # complete; only the forwarding drops (counted). Callback numbers are vllm.log's, and
     # locate() finds each seen line in the rotated part that holds it.
     n = 200_000
-    seen: list[tuple[int, str]] = []
-
-    def slow(line: str, lineno: int) -> None:
-        if lineno % 100 == 0:
-            time.sleep(0.002)
-        seen.append((lineno, line))
+    slow = SlowCollect()
+    seen = slow.lines
 
     logs = tmp_path / "logs"
     pump = LogPump(logs, 2, on_line=slow, max_bytes=1_000_000, backups=30, buffer_cap_bytes=512 * 1024)
@@ -710,7 +715,12 @@ def test_relay_vllm_log_complete_and_rotated_while_supervisor_is_slow(tmp_path: 
             parts = sorted(
                 logs.glob("vllm.log*"), key=lambda q: -int(q.suffix[1:]) if q.suffix[1:].isdigit() else 0
             )
-            assert b"".join(q.read_bytes() for q in parts) == want  # complete before the writer caught up
+            # Complete before the writer caught up; bytes spliced during the burst keep their CRLF
+            # (module docstring: only the copied path turns CR into LF).
+            joined = b"".join(q.read_bytes() for q in parts)
+            assert joined.replace(b"\r\n", b"\n") == want
+            if hasattr(os, "splice"):
+                assert b"\r\n" in joined  # the splice path ran (and rotated: checked below)
             assert len(parts) >= 16
             for q in parts:
                 data = q.read_bytes()
@@ -815,3 +825,267 @@ def test_relay_disk_full_degrades_counts_and_marks(tmp_path: Path) -> None:
         assert stats.write_errors >= 1
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+BOTH_LINES = r"""
+# Line i goes to stdout (2 in 3) or stderr; a stdout line has only [a-z-], a stderr line only
+# [A-Z_] (its number spelled in letters), so a line mixing both would show.
+bufs = {1: [], 2: []}
+for i in range(n):
+    fd = 2 if i % 3 == 0 else 1
+    base = 65 if fd == 2 else 97
+    k, name = i, ""
+    for _ in range(5):
+        name += chr(base + k % 26)
+        k //= 26
+    bufs[fd].append((name + ("_" if fd == 2 else "-") + chr(base + 16) * (i % 150)).encode())
+"""
+
+BOTH = (
+    r"""
+import os, sys
+n = int(sys.argv[1])
+"""
+    + BOTH_LINES
+    + r"""
+data = {fd: b"".join(ln + b"\n" for ln in v) for fd, v in bufs.items()}
+pos = {1: 0, 2: 0}
+while pos[1] < len(data[1]) or pos[2] < len(data[2]):
+    for fd in (1, 2):
+        blk = memoryview(data[fd])[pos[fd] : pos[fd] + 65536]  # 64 KiB writes, cut inside lines
+        while blk:
+            k = os.write(fd, blk)
+            pos[fd] += k
+            blk = blk[k:]
+"""
+)
+
+
+def both_lines(n: int) -> dict[int, list[bytes]]:
+    """What BOTH writes for `n` lines, per fd, without the newlines (the same generator)."""
+    ns: dict[str, object] = {"n": n}
+    exec(BOTH_LINES, ns)
+    return ns["bufs"]  # type: ignore[return-value]
+
+
+def test_burst_on_both_streams_keeps_lines_whole_while_spliced(tmp_path: Path) -> None:
+    # stdout and stderr both burst 64 KiB blocks cut inside lines while the supervisor side is
+    # slow: the relay splices into vllm.log (rotating at 1 MB) and a stream whose splice stopped
+    # mid-line owns the file until its line ends. vllm.log has every byte of both streams, each
+    # stream in order, and no line holds bytes of both (a line split after the owner waited
+    # OWN_WAIT is allowed: its parts are lines of the same stream).
+    n = 150_000
+    slow = SlowCollect()
+    seen = slow.lines
+
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 2, on_line=slow, max_bytes=1_000_000, backups=50, buffer_cap_bytes=256 * 1024)
+    try:
+        with child([sys.executable, "-c", BOTH, str(n)]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert pump._relay is not None
+            assert p.wait(60) == 0  # never blocked by the slow side
+            assert pump.wait_eof(60)
+    finally:
+        stats = pump.close()
+    parts = sorted(logs.glob("vllm.log*"), key=lambda q: -int(q.suffix[1:]) if q.suffix[1:].isdigit() else 0)
+    assert not (logs / "vllm.log.50").exists()  # nothing rotated away: the whole log is here
+    for q in parts:
+        data = q.read_bytes()
+        assert 0 < len(data) <= 1_000_000 and data.endswith(b"\n")
+    lines = b"".join(q.read_bytes() for q in parts).split(b"\n")
+    assert lines.pop() == b""
+    want = both_lines(n)
+    mine: dict[int, list[bytes]] = {1: [], 2: []}
+    for ln in lines:
+        if re.fullmatch(rb"[a-z-]+", ln):
+            mine[1].append(ln)
+        else:
+            assert re.fullmatch(rb"[A-Z_]+", ln), ln[:100]  # one stream's bytes only
+            mine[2].append(ln)
+    for fd in (1, 2):
+        assert b"".join(mine[fd]) == b"".join(want[fd])  # every byte, in its stream's order
+    splits = len(lines) - n
+    assert 0 <= splits <= n // 20, splits  # (splits need the owner to stall 20 ms mid-line)
+    assert stats.dropped_lines > 0 and stats.lines + stats.dropped_lines == len(lines)
+    assert stats.log_missed_lines == 0 and stats.write_errors == 0
+    text = [ln.decode() for ln in lines]
+    assert seen and all(text[lineno - 1] == line for lineno, line in seen)
+
+
+STALL = r"""
+import os, sys, time
+# Twice 8 MB of whole lines: the callback blocks, so the supervisor's queue and then its end of
+# the relay's frame pipe fill and stay full (the relay drops, and splices, from then on). Then a
+# line left unfinished on stdout while stderr writes whole lines.
+line = b"(Worker_TP0 pid=5) INFO filler line of a burst, padded to 100 bytes ....................\n"
+blk = line * 80_000
+for _ in range(2):
+    v = memoryview(blk)
+    while v:
+        v = v[os.write(1, v[:65536]):]
+    time.sleep(0.4)
+os.write(1, b"PARTIAL-HEAD")
+time.sleep(0.3)
+os.write(2, b"".join(b"ERRLINE %d\n" % i for i in range(10)))
+time.sleep(0.3)
+os.write(1, b"TAIL\n")
+"""
+
+
+def test_unfinished_spliced_line_is_split_not_mixed_when_other_stream_waits(tmp_path: Path) -> None:
+    # The relay splices (forwarding dropped: the callback blocks) a stdout line that stops
+    # mid-line, then stdout stalls while stderr has whole lines: stderr waits OWN_WAIT, then the
+    # unfinished line is ended with LF (split, nothing lost) and stderr's lines follow it; never
+    # "PARTIAL-HEADERRLINE 0". Without splice() (Python < 3.10) the head is held in memory
+    # instead and the line stays whole after stderr's lines.
+    go = threading.Event()
+    seen: list[tuple[int, str]] = []
+
+    def blocked(line: str, lineno: int) -> None:
+        go.wait(30)
+        seen.append((lineno, line))
+
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 4, on_line=blocked, buffer_cap_bytes=64 * 1024)
+    try:
+        with child([sys.executable, "-c", STALL]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert p.wait(60) == 0
+            assert pump.flush(1)  # (True once vllm.log has it: the blocked writer gets 1 s)
+            data = (logs / "vllm.log").read_bytes()
+            go.set()
+            assert pump.wait_eof(60)
+    finally:
+        go.set()
+        stats = pump.close()
+    errs = b"".join(b"ERRLINE %d\n" % i for i in range(10))
+    if hasattr(os, "splice"):
+        tail = b"PARTIAL-HEAD\n" + errs + b"TAIL\n"
+    else:
+        tail = errs + b"PARTIAL-HEADTAIL\n"
+    assert data.endswith(tail), data[-300:]
+    assert data.count(b"\n") == 160_000 + tail.count(b"\n")
+    assert stats.dropped_lines > 0 and stats.lines + stats.dropped_lines == data.count(b"\n")
+    text = data.decode().split("\n")
+    assert all(text[lineno - 1] == line for lineno, line in seen)
+
+
+QUIET = r"""
+import sys
+for ln in [
+    '(APIServer pid=7) INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK',
+    '(APIServer pid=7) INFO:     127.0.0.1:51236 - "GET /metrics HTTP/1.1" 200 OK',
+    '(APIServer pid=7) INFO:     127.0.0.1:51238 - "HEAD /v1/models?probe=1 HTTP/1.1" 307 Temporary Redirect',
+    '(APIServer pid=7) INFO:     127.0.0.1:51240 - "GET /health HTTP/1.1" 503 Service Unavailable',
+    '(APIServer pid=7) INFO:     127.0.0.1:51242 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+    '(APIServer pid=7) INFO:     127.0.0.1:51244 - "GET /healthz HTTP/1.1" 200 OK',
+    '(APIServer pid=7) INFO 03-26 04:12:10 [launcher.py:46] Route: /health, Methods: GET',
+    'INFO:     127.0.0.1:51246 - "GET /metrics HTTP/1.1" 200 OK',
+]:
+    print(ln, flush=True)
+"""
+
+
+def test_echo_quiet_paths_hide_probe_access_lines_from_echo_only(tmp_path: Path) -> None:
+    # The supervisor's probes (/health, /metrics, /v1/models) answered below 400 are not echoed;
+    # a failed probe, other paths and non-access lines are; every line stays in vllm.log, the
+    # per-process file and the callback.
+    out = io.StringIO()
+    got = Collect()
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 5, echo=out, on_line=got, echo_quiet_paths=("/health", "/metrics", "/v1/models"))
+    try:
+        with child([sys.executable, "-c", QUIET]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert pump.wait_eof(30)
+    finally:
+        stats = pump.close()
+    printed = subprocess.run(
+        [sys.executable, "-c", QUIET], capture_output=True, text=True
+    ).stdout.splitlines()
+    assert stats.lines == 8 and [ln for _, ln in got.lines] == printed
+    assert lines_of(logs / "vllm.log") == printed
+    assert lines_of(logs / "APIServer.log") == printed[:7]
+    assert out.getvalue().splitlines() == ["[i5] " + printed[k] for k in (3, 4, 5, 6)]
+
+
+def test_disk_full_while_splicing_degrades_counts_and_marks(tmp_path: Path) -> None:
+    # ENOSPC on a real tmpfs (root only) in the middle of a burst the relay splices (the
+    # callback blocks, so the forwarding drops): the child is never blocked, vllm.log keeps a
+    # complete prefix, then one marker with the exact number of lines it missed, then goes on.
+    mnt = tmp_path / "tiny"
+    if not _mount_tiny_tmpfs(mnt, "16m"):
+        pytest.skip("needs root to mount a tmpfs")
+    go = threading.Event()
+    try:
+        filler = mnt / "filler"
+        filler.write_bytes(b"f" * 8 * 1024 * 1024)  # ~8 MB of room left: the drop starts before it is full
+        logs = mnt / "logs"
+        out = io.StringIO()
+        pump = LogPump(
+            logs,
+            7,
+            echo=out,
+            on_line=lambda ln, k: go.wait(30),
+            buffer_cap_bytes=64 * 1024,
+            retry_interval_s=0.05,
+        )
+        n = 120_000  # 12 MB
+        line = "(EngineCore pid=3) INFO line {:06d} " + "e" * 64
+        r, w = os.pipe()
+        pump.start(r)
+        try:
+            blk = "".join(line.format(j) + "\n" for j in range(n)).encode()
+            view = memoryview(blk)
+            while view:
+                view = view[os.write(w, view[:65536]) :]
+            assert pump.flush(1)  # (True: in vllm.log as far as the disk allowed; the writer is blocked)
+            filler.unlink()  # room again
+            time.sleep(0.1)
+            os.write(w, b"(EngineCore pid=3) INFO after\n")
+            assert pump.flush(1)
+            go.set()
+        finally:
+            go.set()
+            os.close(w)
+            stats = pump.close()
+        text = (logs / "vllm.log").read_bytes().decode()
+        k = 0
+        pos = 0
+        while text.startswith(line.format(k) + "\n", pos):
+            pos += len(line.format(k)) + 1
+            k += 1
+        mm = re.compile(
+            r"(?:^|\n)\[xpu-serve\] (\d+) lines not written to this file: \[Errno 28\] No space left on device\n"
+        ).search(text, pos)
+        assert mm, text[pos : pos + 300]
+        assert line.format(k).startswith(text[pos : mm.start()])  # at most the head of a half-written line
+        assert text[mm.end() :] == "(EngineCore pid=3) INFO after\n"
+        assert 0 < k < n and int(mm.group(1)) == n - k == stats.log_missed_lines
+        assert stats.write_errors >= 1 and stats.dropped_lines > 0
+        assert stats.lines + stats.dropped_lines == n + 1
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_vllm_032_worker_names_of_one_pid_go_to_one_file(tmp_path: Path) -> None:
+    """vLLM 0.32 (seen in the real-vLLM suite's logs) prefixes a worker's first lines
+    "(VllmWorker-0 pid=N)", then "(Worker pid=N)", then "(Worker_TP0 pid=N)": one pid, one file."""
+    src = tmp_path / "w.log"
+    src.write_text(
+        "(VllmWorker-0 pid=32746) WARNING 11-30 11:47:29 [vllm.py:725] Model Runner V2 requires Triton; "
+        "using the V1 model runner instead.\n"
+        "(VllmWorker-1 pid=32747) WARNING 11-30 11:47:29 [vllm.py:725] Model Runner V2 requires Triton; "
+        "using the V1 model runner instead.\n"
+        "(Worker pid=32746) INFO 11-30 11:47:29 [parallel_state.py:1906] world_size=2 rank=0 local_rank=0\n"
+        "(Worker_TP1 pid=32747) INFO 11-30 11:47:30 [default_loader.py:384] Loading weights took 0.1 seconds\n"
+        "(Worker_TP0 pid=32746) INFO 11-30 11:47:30 [default_loader.py:384] Loading weights took 0.1 seconds\n"
+    )
+    stats, got, logs = pump_cmd(tmp_path, ["cat", str(src)])
+    names = sorted(p.name for p in logs.iterdir())
+    assert names == ["Worker_TP0.log", "Worker_TP1.log", "vllm.log"], names
+    w0 = lines_of(logs / "Worker_TP0.log")
+    assert [ln.split(")")[0] for ln in w0] == ["(VllmWorker-0 pid=32746", "(Worker pid=32746", "(Worker_TP0 pid=32746"]
+    assert len(lines_of(logs / "Worker_TP1.log")) == 2
+    assert stats.lines == 5 == len(got.lines)

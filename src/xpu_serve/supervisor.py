@@ -57,6 +57,8 @@ STATE_HEARTBEAT_S = 5.0
 # When several watched processes exit within this many seconds, the trigger names the one that
 # died first with an abnormal status (signal or non-zero code), not a clean teardown exit.
 EXIT_WINDOW_S = 0.15
+# uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
+ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
 
 
@@ -840,6 +842,9 @@ class Supervisor:
             incarnation=ctx.incarnation,
             echo=sys.stdout if self.echo else None,
             on_line=self._line_from_pump,
+            # the supervisor's own probes (health, readiness, hang watchdog) would fill journald /
+            # docker logs with an access line every few seconds; they stay in vllm.log
+            echo_quiet_paths=ECHO_QUIET_PATHS,
         )
         self._log_file = str(pump.log_path)
         pump.start(cast(BinaryIO, popen.stdout), cast(BinaryIO, popen.stderr))

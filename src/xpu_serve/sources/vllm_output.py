@@ -16,10 +16,24 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
   the *forwarding* stops (whole lines, until the queue is down to half): those lines are in
   ``vllm.log`` but not in the per-process files, the echo or the callback; they are counted
   (`PumpStats.dropped_lines`; the relay counts their newlines from ``vllm.log`` when it has
-  little to read, never on the hot path, and forwards again once they are counted, so in a
-  burst that keeps the relay busy the forwarding resumes after the burst) and a marker line goes into every per-process file
-  and the echo: ``[xpu-serve] dropped N lines (B bytes) here: the supervisor could not keep
-  up; vllm.log has them (lines A-Z)``.
+  little to read and the input is calm, under ~100 MB/s, never on the hot path, and forwards
+  again once they are counted, so the forwarding resumes after a burst) and a marker line goes
+  into every per-process file and the echo: ``[xpu-serve] dropped N lines (B bytes) here: the
+  supervisor could not keep up; vllm.log has them (lines A-Z)``.
+  Splice path: while the forwarding drops (or the supervisor is gone) the relay moves the pipes
+  into ``vllm.log`` with `splice()` (`os.splice`, Python >= 3.10; read()/write() where it is
+  missing or the file system refuses it): no copy through the relay, which then costs about
+  what the engine's own write to a file would. Spliced bytes are not looked at, so:
+  *CR is kept* in them (a CRLF stays CRLF, a tqdm progress line ``\r 5%|...`` stays on one line
+  with its CRs; only during such a burst, where per-line work is what must be avoided); line
+  numbers (`lineno`, `locate`, drop markers) count LFs. *Lines stay whole*: a splice that stops
+  mid-line (the relay reads back the last byte from the page cache) makes that stream own the
+  file until its line ends; the other stream's data waits in its pipe, at most 20 ms
+  (`OWN_WAIT`), after which the unfinished line is ended with LF (split, like an overlong held
+  line, nothing lost) and the other stream goes on; the owner ends its line through a small
+  read as soon as its data comes. *Rotation stays at line ends*: a splice stops 64 KiB
+  (`MARGIN`) short of `max_bytes` and the read path finishes the file (a line left unfinished
+  there and longer than that is split across the two files).
   The relay exits when the pipes reach EOF, when `close()` closes its control pipe, or when this
   process dies (control EOF); signals from a terminal or systemd are ignored.
   Fallback (`relay=False`, the relay cannot start, or it dies: a notice is echoed): one
@@ -32,18 +46,23 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
   fills first and the engine waits in `write()`). The pipes are enlarged with
   F_SETPIPE_SZ (16 MiB with CAP_SYS_RESOURCE, else the usual 1 MiB limit);
 - one writer thread splits lines and writes the per-process files (and ``vllm.log`` in the
-  fallback), the echo queue and the callback; while it is backlogged in relay mode it sleeps as
-  long as it worked (`_DUTY`), leaving CPU to the engine and the relay on small machines;
+  fallback), the echo queue and the callback; while it is backlogged in relay mode during a
+  burst (the relay's state byte) it sleeps 9 times the CPU time it worked on 2 CPUs, as long on
+  more (`_DUTY`), leaving CPU to the engine and the relay on small machines;
 - one echo thread writes to the supervisor's own stdout (journald, `docker logs`) from a
   bounded queue; a slow or blocked stdout drops echo lines (counted, then a marker
-  ``[xpu-serve] echo dropped N lines: output could not keep up``), never the pump.
+  ``[xpu-serve] echo dropped N lines: output could not keep up``), never the pump. uvicorn
+  access lines of `echo_quiet_paths` (the supervisor's own probes) answered below 400 are not
+  echoed (they are in every file and reach the callback).
 
 Files, in `log_dir` (the supervisor passes ``RUNTIME/logs/<incarnation>``, see `LogPump.dir_for`):
 
-- ``vllm.log``: every line, in arrival order, raw bytes (CR and CRLF become LF; invalid UTF-8
-  kept as is; long lines kept whole: a partial line longer than max(1 MiB, `max_line_bytes`)
-  is written out split, no byte lost). Size-rotated: ``vllm.log`` -> ``vllm.log.1`` ...
-  ``vllm.log.<backups>``, at line boundaries, once a file would pass `max_bytes`.
+- ``vllm.log``: every line, in arrival order, raw bytes (CR and CRLF become LF, except in
+  bytes spliced during a burst, see above; invalid UTF-8 kept as is; long lines kept whole: a
+  partial line longer than max(1 MiB, `max_line_bytes`) is written out split, no byte lost).
+  Size-rotated: ``vllm.log`` -> ``vllm.log.1`` ... ``vllm.log.<backups>``, at line
+  boundaries, once a file would pass `max_bytes`. The relay is its only writer and appends at
+  the end it tracks (no O_APPEND: `splice()` refuses it): do not truncate it from outside.
 - one file per vLLM process, demuxed by vLLM's prefix ``(Name pid=N) `` (vllm/utils
   `decorate_logs`/`_add_prefix`; parsed with `xpu_serve.events.split_process_prefix`,
   innermost prefix wins): ``APIServer.log``, ``EngineCore.log`` (``EngineCore_DP0`` too),
@@ -71,7 +90,8 @@ forwarding; missed lines are in `log_missed_lines`.
 
 API (the supervisor calls)::
 
-    pump = LogPump(LogPump.dir_for(runtime_dir, n), incarnation=n, echo=sys.stdout, on_line=cb)
+    pump = LogPump(LogPump.dir_for(runtime_dir, n), incarnation=n, echo=sys.stdout, on_line=cb,
+                   echo_quiet_paths=("/health", "/metrics", "/v1/models"))  # the probes' paths
     proc = subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, start_new_session=True, ...)
     pump.start(proc.stdout, proc.stderr)     # takes ownership of both pipes (file objects or fds)
     ...
@@ -145,19 +165,31 @@ _PENDING_CAP_BYTES = 1 << 20  # per pid, held Worker/oneCCL lines before forced 
 # then the pid as " PID", "PID", " PID:[rank]" or "(  PID)" (width-padded), then " |CCL_LEVEL|".
 _CCL_RE = re.compile(r"\d{4}:\d\d:\d\d-\d\d:\d\d:\d\d:\s*(?:\(\s*(\d+)\)|(\d+))(?::\[\d+\])?\s*\|CCL_")
 _SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
+_EARLY_WORKER_RE = re.compile(r"VllmWorker-\d+$")  # a worker's first prefix (vLLM 0.32)
+# uvicorn's access line (uvicorn/logging.py `AccessFormatter`: '%(client_addr)s - "%(request_line)s"
+# %(status_code)s', request_line "METHOD full_path HTTP/version", status "200 OK"), as vLLM's API
+# server prints it: '(APIServer pid=N) INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK'.
+# Groups: path without the query string, status code.
+_ACCESS_RE = re.compile(r' - "[A-Z]+ ([^ "?]*)(?:\?[^ "]*)? HTTP/[0-9.]+" (\d{3})\b')
 
 OnLine = Callable[[str, int], None]
 
 # Queue items: (kind, stream, data, a, b); also the relay's frame kinds (see _RELAY_SRC).
 # _FALLBACK (queue only): the relay died, the writer writes vllm.log from here on.
 _DATA, _DROP, _EOF, _ACK, _ROT, _MARK, _ERR, _LOGOK, _LOGMISS, _FALLBACK = range(10)
-_Item = tuple[int, int, bytes, int, int]
+_Item = tuple[int, int, bytes | memoryview, int, int]  # (data: memoryview for a cut frame)
 _FRAME = struct.Struct("!BBQQ")  # relay frame header: kind, stream, a, b (see _RELAY_SRC)
 _HOLD_MIN = 1 << 20  # relay: a partial line longer than max(this, max_line_bytes) is written out split
-# Relay mode, supervisor backlogged: the writer thread sleeps as long as it worked (50 % duty),
-# leaving the CPU to the engine and the relay on small machines (the relay drops forwarding
-# meanwhile, counted; vllm.log is not affected). Measured in bench/bench_pump.py.
-_DUTY = 0.5
+# Relay mode, supervisor backlogged *and* the relay says the input is a burst (its state byte):
+# the writer thread sleeps (1 / _DUTY - 1) times the CPU time it worked, leaving the CPU to the
+# engine and the relay on small machines (the relay drops forwarding meanwhile, counted; vllm.log
+# is not affected); once the burst is over it catches up at full speed (and a flush() after the
+# engine died is not slowed). bench/bench_pump.py block mode, 2 CPUs, load ~1.7, 7 runs each:
+# the supervisor's CPU until the child's exit 64 ms at 0.2, 40 ms at 0.1, 41 ms at 0.05 (child
+# x0.57, x0.68, x0.57 of its rate to a file: noisy). With more CPUs the engine and the relay
+# have cores of their own: 0.5 (not measured here).
+_DUTY = 0.1 if len(os.sched_getaffinity(0)) <= 2 else 0.5
+_DUTY_MAX_SLEEP_S = 0.1  # per batch (a batch is ~5 ms of work)
 _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it stops reading the relay
 
 # The relay: a tiny single-threaded process (stdlib only, started with `python -I -S`) that
@@ -169,7 +201,11 @@ _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it sto
 # boundary (`rfind`); no per-line Python loop, no line counting on the normal path (the
 # supervisor numbers the lines it receives). When the supervisor falls behind, its queue fills
 # and the relay stops *forwarding* whole lines (counted, `count` on that path only: DROP frame);
-# vllm.log has them all the same.
+# vllm.log has them all the same, spliced from the pipes (`splice_in`: no copy, CRs kept; a
+# stream whose splice stopped mid-line is the `owner` of the file until its line ends).
+# Copies per byte: normal path 4 in the relay (read, write to vllm.log, bytes() into the queue,
+# writev to the frame pipe) + 2-3 in the supervisor (read, frame slicing); splice path 1 (pipe
+# -> page cache), plus one read-back when its lines are counted, after the burst.
 # Frames: header _FRAME (kind, stream, a, b) then, for DATA, `a` bytes of payload.
 #   DATA (stream, len): whole lines, exactly as written to vllm.log, in vllm.log's order;
 #   DROP (lines, bytes): written to vllm.log, not forwarded; EOF (stream); ACK (flush seq);
@@ -183,22 +219,50 @@ _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it sto
 # behind a congested frame pipe) and send an ACK(seq) frame"; EOF on it = "read what the pipes hold, send EOF
 # frames, exit". If the supervisor's end of the frame pipe breaks, it stops forwarding but
 # keeps writing vllm.log until the pipes or the control pipe reach EOF.
+# The backup shifting of a rotation, shared by the relay (pasted into _RELAY_SRC at #SHIFT_BACKUPS#,
+# which must stay one stdlib-only source text) and `_RotatingFile` (exec'd once below). The rest
+# of the rotation cannot be shared: the relay cuts raw byte batches of one stream at a line end
+# and keeps rotated files open for counting (drop regions), `_RotatingFile` counts lines for
+# `locate`; both follow the same rule (rotate before a file would pass max_bytes, at a line end).
+_SHIFT_BACKUPS_SRC = r"""
+def shift_backups(path, backups):
+    # path -> path.1 -> ... -> path.<backups>; the oldest is overwritten; backups 0: path goes.
+    if backups <= 0:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    for k in range(backups - 1, 0, -1):
+        try:
+            os.replace(path + "." + str(k), path + "." + str(k + 1))
+        except FileNotFoundError:
+            pass
+    try:
+        os.replace(path, path + ".1")
+    except FileNotFoundError:
+        pass
+"""
+# State byte (STATE_FD, a memfd shared with the supervisor): 1 while the input is not calm, or
+# above ~6 MB/s while the forwarding drops (the writer thread keeps its duty sleep: the engine is
+# still writing), 0 otherwise (the writer catches up at full speed) and at exit.
 # Run as `python -I -S - xpu-serve-log-relay CAP_BYTES OUT_FD CTL_FD ACK_FD LOG_PATH MAX_BYTES BACKUPS
-# RETRY_S HOLD_BYTES IN_FD...` with this source on stdin (so `ps` shows a short command line).
+# RETRY_S HOLD_BYTES STATE_FD IN_FD...` with this source on stdin (so `ps` shows a short command line).
 _RELAY_SRC = r"""
-import collections, os, select, signal, struct, sys, time
+import collections, errno, os, select, signal, struct, sys, time
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # ends on EOF (engine gone / supervisor closed ctl) or EPIPE
 A = sys.argv
 cap, out, ctl, ack = int(A[2]), int(A[3]), int(A[4]), int(A[5])
 path, max_bytes, backups = A[6], int(A[7]), int(A[8])
-retry_s, hold_cap = float(A[9]), int(A[10])
-ins = [int(a) for a in A[11:]]
+retry_s, hold_cap, state = float(A[9]), int(A[10]), int(A[11])
+ins = [int(a) for a in A[12:]]
 READ = 1 << 20
 buf = bytearray(hold_cap + READ + 1)  # carry (<= hold_cap) + one read
 bmv = memoryview(buf)
 H = struct.Struct("!BBQQ")
 DATA, DROP, EOF, ACK, ROT, MARK, ERR, LOGOK, LOGMISS = range(9)
+EOF_SEEN, NO_SPLICE = object(), object()  # splice_in() results besides a byte count / None
 for fd in ins + [out, ctl, ack]:
     os.set_blocking(fd, False)
 q = collections.deque()  # (kind, stream, a, b, payload): frames not yet encoded
@@ -224,6 +288,16 @@ for fd in ins:
 poller.register(ctl, select.POLLIN)
 out_mask = 0
 forwarding = True  # False once the supervisor's end is gone: vllm.log goes on
+# Splice path (see the module docstring): while the forwarding drops (or the supervisor is gone)
+# the pipes go to vllm.log by splice(), without a copy through this process.
+SPLICE = hasattr(os, "splice")  # Python >= 3.10 on Linux; else (or EINVAL...) read()/write()
+MARGIN = 1 << 16  # a splice stops this far before max_bytes: the read path rotates at a line end
+SMALL = 1 << 16  # read size that ends an owner's line when another stream waits
+OWN_WAIT = 0.02  # s another stream waits for the owner's line to end before it is split
+owner = -1  # stream whose unfinished line ends vllm.log (a splice stopped mid-line); -1: none
+frag = [False] * len(ins)  # per stream: its current line began in spliced (not forwarded) bytes
+waiting = False  # a stream is held back by owner
+wait_since = 0.0
 
 # vllm.log state
 lfd = -1
@@ -286,23 +360,57 @@ def rot():
 
 def forward(i, data, pos, stop, off=None):
     # Queue whole lines data[pos:stop] for the supervisor, or drop them (counted) past the cap.
-    # off: where they are in the open vllm.log (None: not written there).
+    # off: where they are in the open vllm.log (None: not written there). A stream's line whose
+    # head was spliced (frag) is dropped too (it ends in data: whole lines).
     global qsize, hyst
     if not forwarding:
         return
     n = stop - pos
-    if pend or hyst and qsize > cap // 2 or qsize + n > cap and qsize:  # (one read fits an empty q)
+    f = frag[i]
+    frag[i] = False
+    if f or dropping() or qsize + n > cap and qsize:  # (one read fits an empty q)
         hyst = True
         if off is None:
             pend.append((data.count(b"\n", pos, stop), n))
-        elif pend and type(pend[-1]) is list and pend[-1][0] == lfd and pend[-1][2] == off:
-            pend[-1][2] = off + n
         else:
-            pend.append([lfd, off, off + n])
+            drop_region(off, n)
         return
     hyst = False
     q.append((DATA, i, n, 0, bytes(memoryview(data)[pos:stop])))  # (data may be the read buffer)
     qsize += n
+
+def dropping():
+    # In a drop period: dropped lines not counted yet, or the queue still above half the cap, or
+    # the supervisor still not reading (frames pending: its end of the frame pipe is full).
+    return pend or hyst and (qsize > cap // 2 or pending)
+
+def drop_region(off, n):
+    # vllm.log bytes [off, off + n) of the open file are not forwarded: count their lines later.
+    if pend and type(pend[-1]) is list and pend[-1][0] == lfd and pend[-1][2] == off:
+        pend[-1][2] = off + n
+    else:
+        pend.append([lfd, off, off + n])
+
+def open_log():
+    # No O_APPEND: splice() refuses it (EINVAL). The relay is vllm.log's only writer; it
+    # appends at the end it tracks (lsize).
+    global lfd, lsize, partial
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        lsize = os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        os.close(fd)
+        raise
+    lfd = fd
+    partial = partial and lsize > 0  # (a new file: nothing to end)
+
+def release():
+    global owner, waiting, wait_since
+    owner = -1
+    waiting = False
+    wait_since = 0.0
+
+#SHIFT_BACKUPS#
 
 def rotate():
     global lfd
@@ -312,25 +420,12 @@ def rotate():
             keep.add(fd)  # its dropped regions are still to be counted
         else:
             os.close(fd)
-    if backups <= 0:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    else:
-        for k in range(backups - 1, 0, -1):
-            try:
-                os.replace(path + "." + str(k), path + "." + str(k + 1))
-            except FileNotFoundError:
-                pass
-        try:
-            os.replace(path, path + ".1")
-        except FileNotFoundError:
-            pass
+    shift_backups(path, backups)
 
 def fail(e, data, pos, end):
     # A disk error: close, count, forward the rest anyway, retry after retry_s.
     global lfd, broken_until, missed, err_no
+    release()  # (the marker that ends the failure period ends an unfinished line: partial)
     count_all()  # (the regions still in the open file)
     if lfd >= 0:
         fd, lfd = lfd, -1
@@ -358,16 +453,9 @@ def log(i, data, end):
         mark = b""
         try:
             if lfd < 0:
-                lfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-                lsize = os.fstat(lfd).st_size
-                partial = partial and lsize > 0  # (a new file: nothing to end)
+                open_log()
             mark = (b"\n" if partial else b"") + msg.encode()
-            v = memoryview(mark)
-            while v:
-                k = os.write(lfd, v)
-                lsize += k
-                partial = v[k - 1] != 10
-                v = v[k:]
+            write_all(mark)
         except OSError as e:
             fail(e, data, 0, end)
             forward(i, data, 0, end)
@@ -377,12 +465,11 @@ def log(i, data, end):
         broken_until = 0.0
         missed = 0
     while pos < end:
-        seg = wpos = pos
+        seg = pos
+        w0 = -1
         try:
             if lfd < 0:
-                lfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-                lsize = os.fstat(lfd).st_size
-                partial = partial and lsize > 0  # (a new file: nothing to end)
+                open_log()
             room = max_bytes - lsize
             if end - pos <= room:
                 stop = end
@@ -396,15 +483,10 @@ def log(i, data, end):
                     continue
                 else:  # one line longer than max_bytes: a file of its own
                     stop = data.find(b"\n", pos, end) + 1 or end
-            v = memoryview(data)[pos:stop]
-            while v:
-                k = os.write(lfd, v)
-                wpos += k
-                lsize += k
-                partial = v[k - 1] != 10
-                v = v[k:]
+            w0 = lsize
+            write_all(memoryview(data)[pos:stop])
         except OSError as e:
-            fail(e, data, wpos, end)
+            fail(e, data, pos + (lsize - w0 if w0 >= 0 else 0), end)
             forward(i, data, seg, end)
             return
         forward(i, data, pos, stop, lsize - (stop - pos))
@@ -418,6 +500,8 @@ def log(i, data, end):
                 forward(i, data, pos, end)
                 return
             rot()
+    if owner >= 0 and not partial:
+        release()  # (log() writes whole lines: an owner's line ended here)
 
 def take(i, n):
     # Write out the whole lines in buf[:n] (the stream's held partial line, then what was just
@@ -444,7 +528,9 @@ def end_stream(fd):
     carry[i] = b""
     if rest.endswith(b"\r"):
         rest = rest[:-1]
-    if rest:
+    if rest and owner >= 0 and owner != i:
+        split_line()
+    if rest or owner == i:  # (owner: its unfinished line is in vllm.log, end it)
         log(i, rest + b"\n", len(rest) + 1)
     if len(open_ins) == 1 and broken_until:
         frame(LOGMISS, 0, missed, err_no)
@@ -453,18 +539,113 @@ def end_stream(fd):
     open_ins.discard(fd)
     os.close(fd)
 
-def read_fd(fd, rounds=8):
+def split_line():
+    # The owner's line stays unfinished too long while another stream waits (or must be
+    # written now): end it with LF, as a held line longer than hold_cap is (split, nothing lost).
+    o = owner
+    release()
+    if lfd < 0 or broken_until or not partial:
+        return
+    off = lsize
+    try:
+        write_all(b"\n")
+    except OSError as e:
+        fail(e, b"", 0, 0)
+        return
+    if forwarding:
+        drop_region(off, 1)  # (ends the owner's spliced, not forwarded line)
+    frag[o] = False  # what follows is a line of its own
+
+def write_all(b):
+    global lsize, partial
+    v = memoryview(b)
+    while v:
+        k = os.write(lfd, v)
+        lsize += k
+        partial = v[k - 1] != 10
+        v = v[k:]
+
+def splice_in(i, fd):
+    # Move what pipe fd holds into vllm.log with splice() (after the stream's held partial
+    # line), not past max_bytes - MARGIN. Returns the bytes moved, None (pipe empty), EOF_SEEN
+    # (handled) or NO_SPLICE (use the read path: no room, disk error, splice unsupported).
+    global SPLICE, owner, lsize, partial
+    c = carry[i]
+    try:
+        if lfd < 0:
+            open_log()
+    except OSError:
+        return NO_SPLICE  # (the read path fails the same way and degrades)
+    off = lsize
+    room = max_bytes - lsize - len(c) - MARGIN
+    if room < MARGIN:
+        return NO_SPLICE  # near the end of the file: the read path rotates at a line end
+    try:
+        if c:
+            write_all(c)  # the held head of the line, then its rest from the pipe
+            carry[i] = b""
+            owner = i
+        k = os.splice(fd, lfd, room, flags=os.SPLICE_F_NONBLOCK)
+    except BlockingIOError:
+        k = None
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.EBADF):
+            SPLICE = False  # this file system (or kernel) cannot: read()/write() from now on
+        if lsize == off:
+            return NO_SPLICE  # (a disk error: the read path hits it too and degrades)
+        carry[i] = b""  # (part of it went in: the read path ends that line)
+        k = None
+    if k:
+        lsize += k
+    if lsize > off:
+        if forwarding:
+            drop_region(off, lsize - off)
+        try:
+            partial = os.pread(lfd, 1, lsize - 1) != b"\n"  # page cache: did it stop mid-line?
+        except OSError:
+            partial = True
+        frag[i] = partial
+        if partial:
+            owner = i
+        elif owner == i:
+            release()
+    if k == 0:
+        end_stream(fd)
+        return EOF_SEEN
+    return k
+
+def read_fd(fd, rounds=8, force=False):
     # Read into one reused buffer (a fresh 1 MiB bytes object per read costs page faults),
-    # after the stream's held partial line.
+    # after the stream's held partial line; or splice (drop mode). force: do not wait for
+    # another stream's unfinished line (flush, close).
+    global waiting, wait_since
     i = stream_of[fd]
     got = 0
+    if owner >= 0 and owner != i:
+        now = time.monotonic()
+        if not wait_since:
+            wait_since = now
+        if not force and now - wait_since < OWN_WAIT:
+            waiting = True  # (the owner ends its line at its next read, then returns)
+            return 0
+        split_line()
     for _ in range(rounds):
+        w = waiting and owner == i
+        if SPLICE and (not forwarding or dropping()) and not broken_until and not w:
+            k = splice_in(i, fd)
+            if k is None:
+                return got
+            if k is EOF_SEEN:
+                return READ
+            if k is not NO_SPLICE:
+                got += k
+                continue
         c = carry[i]
         lc = len(c)
         if lc:
             buf[:lc] = c
         try:
-            k = os.readv(fd, [bmv[lc : lc + READ]])
+            k = os.readv(fd, [bmv[lc : lc + (SMALL if w else READ)]])
         except BlockingIOError:
             return got
         except OSError:
@@ -474,11 +655,17 @@ def read_fd(fd, rounds=8):
             return READ
         got += k
         take(i, lc + k)
+        if q and forwarding and not pending:
+            write_out()  # (else reads of one round pile up in q and pass the cap, supervisor or not)
+        if w and owner < 0:
+            return got  # its line ended: the waiting stream's turn
     return got
 
 def drain_inputs():
+    if owner >= 0 and ins[owner] in open_ins:
+        read_fd(ins[owner], rounds=1 << 30)  # (may end its line before the others go)
     for fd in list(open_ins):
-        read_fd(fd, rounds=1 << 30)
+        read_fd(fd, rounds=1 << 30, force=True)
 
 def encode(limit=4 << 20):
     # Frame parts for the head of q; consecutive DATA of one stream become one frame.
@@ -537,6 +724,11 @@ ctl_buf = b""
 # short enough that a child writing 2 GB/s does not fill a 1 MiB pipe meanwhile.
 nap = 0.0002
 small = 65536
+# Dropped lines are counted (and the forwarding resumes) only once the input is calm: under
+# CALM bytes per WIN seconds (~100 MB/s). The splice path keeps up with a burst, so its reads
+# are small; counting then would resume the forwarding (copies, the supervisor's CPU) mid-burst.
+WIN, CALM = 0.01, 1 << 20
+win_t, win_b, calm, burst = time.monotonic(), 0, True, False
 while open_ins or q or pending:
     mask = select.POLLOUT if (q or pending) and forwarding else 0
     if mask != out_mask:
@@ -545,7 +737,7 @@ while open_ins or q or pending:
         if mask:
             poller.register(out, mask)
         out_mask = mask
-    events = poller.poll(0 if pend else None)
+    events = poller.poll((0 if calm else WIN * 1000) if pend else None)
     busy = 0
     for fd, ev in events:
         if fd == out:
@@ -574,7 +766,20 @@ while open_ins or q or pending:
                 frame(ACK, 0, seq)
         elif fd in open_ins:
             busy += read_fd(fd)
-    if pend and busy < small:
+    win_b += busy
+    now = time.monotonic()
+    if now - win_t >= WIN or calm and win_b >= CALM:  # (a burst shows at once, calm takes a window)
+        calm = win_b < CALM
+        # State byte: the engine writes fast, or still writes while the forwarding drops.
+        b = not calm or win_b >= CALM >> 4 and bool(dropping())
+        if b != burst:
+            burst = b
+            try:
+                os.pwrite(state, b"\1" if burst else b"\0", 0)
+            except OSError:
+                pass
+        win_t, win_b = now, 0
+    if pend and busy < small and calm:
         count_step(small * 4)  # little to read: count dropped lines (numbering) meanwhile
     elif nap and events and busy < small:
         time.sleep(nap)
@@ -582,7 +787,17 @@ while open_ins or q or pending:
         write_out()
     else:
         q.clear()
+try:
+    os.pwrite(state, b"\0", 0)
+except OSError:
+    pass
 """
+
+
+_RELAY_SRC = _RELAY_SRC.replace("#SHIFT_BACKUPS#", _SHIFT_BACKUPS_SRC.strip())
+_shared: dict[str, object] = {"os": os}
+exec(compile(_SHIFT_BACKUPS_SRC, "<shift_backups>", "exec"), _shared)  # a constant: see _SHIFT_BACKUPS_SRC
+_shift_backups: Callable[[str, int], None] = _shared["shift_backups"]  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -697,16 +912,7 @@ class _RotatingFile:
         self.close()
         self.starts.insert(0, self.lines)
         del self.starts[self.backups + 1 :]
-        p = str(self.path)
-        if self.backups <= 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
-            return
-        for i in range(self.backups - 1, 0, -1):
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(f"{p}.{i}", f"{p}.{i + 1}")
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(p, f"{p}.1")
+        _shift_backups(str(self.path), self.backups)  # (shared with the relay: _SHIFT_BACKUPS_SRC)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -798,6 +1004,11 @@ class LogPump:
         retry_interval_s: after a disk error, retry the file after this many seconds.
         relay: read the pipes in a relay process (default; see the module docstring) rather
             than in reader threads of this process (the fallback if the relay cannot start or dies).
+        echo_quiet_paths: request paths (exact, e.g. ``("/health", "/metrics", "/v1/models")``)
+            whose uvicorn access lines with a status below 400 are not echoed (any method; the
+            query string is ignored): the supervisor's own probes would flood journald /
+            ``docker logs``. They stay in ``vllm.log``, the per-process files and the callback;
+            access lines with status >= 400 are echoed.
     """
 
     def __init__(
@@ -814,6 +1025,7 @@ class LogPump:
         pending_timeout_s: float = 60.0,
         retry_interval_s: float = 1.0,
         relay: bool = True,
+        echo_quiet_paths: tuple[str, ...] = (),
     ) -> None:
         if max_bytes <= 0 or buffer_cap_bytes <= 0 or max_line_bytes <= 0 or backups < 0:
             raise ValueError("LogPump: max_bytes, buffer_cap_bytes, max_line_bytes must be > 0, backups >= 0")
@@ -829,11 +1041,14 @@ class LogPump:
         self.pending_timeout_s = pending_timeout_s
         self.retry_interval_s = retry_interval_s
         self.relay = relay
+        self.echo_quiet_paths = tuple(echo_quiet_paths)
+        self._quiet = frozenset(echo_quiet_paths)
         self._tag = f"[i{incarnation}] "
         self._relay: subprocess.Popen[bytes] | None = None
         self._relay_out = -1  # read end of the relay's frame pipe
         self._relay_ctl = -1  # write end of the relay's control pipe
         self._relay_ack = -1  # read end of the relay's flush acknowledgements (8-byte sequences)
+        self._relay_state = -1  # memfd: the relay's state byte (1: the input is a burst)
         self._ack_buf = b""
         self._log_acked = 0  # highest flush sequence the relay has in vllm.log
         self._flush_lock = threading.Lock()  # one flush() reads the ack pipe at a time
@@ -1123,7 +1338,7 @@ class LogPump:
                     os.close(obj)
                 else:
                     obj.close()
-        for fd in (self._wake_r, self._wake_w, self._relay_out, self._relay_ack):
+        for fd in (self._wake_r, self._wake_w, self._relay_out, self._relay_ack, self._relay_state):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -1136,6 +1351,11 @@ class LogPump:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
         ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            state = os.memfd_create("xpu-serve-relay-state", os.MFD_CLOEXEC)
+            os.pwrite(state, b"\0", 0)
+        except (OSError, AttributeError):  # no memfd: reads as "calm" (b""), no duty sleep
+            state = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         _enlarge_pipe(out_r)
         argv = [sys.executable, "-I", "-S", "-", "xpu-serve-log-relay", str(self.buffer_cap_bytes)]
         argv += [
@@ -1146,13 +1366,13 @@ class LogPump:
             str(self.max_bytes),
             str(self.backups),
         ]
-        argv += [repr(self.retry_interval_s), str(max(_HOLD_MIN, self.max_line_bytes))]
+        argv += [repr(self.retry_interval_s), str(max(_HOLD_MIN, self.max_line_bytes)), str(state)]
         argv += [str(fd) for fd in fds]
         relay = None
         try:
             relay = subprocess.Popen(
                 argv,
-                pass_fds=(out_w, ctl_r, ack_w, *fds),
+                pass_fds=(out_w, ctl_r, ack_w, state, *fds),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,  # not in the engine's process group: outlives its kill
@@ -1164,7 +1384,7 @@ class LogPump:
             if relay is not None:  # started but already gone (its stdin broke)
                 relay.kill()
                 relay.wait(5)
-            for fd in (out_r, out_w, ctl_r, ctl_w, ack_r, ack_w):
+            for fd in (out_r, out_w, ctl_r, ctl_w, ack_r, ack_w, state):
                 os.close(fd)
             return False
         self._relay = relay
@@ -1172,8 +1392,16 @@ class LogPump:
         os.close(ctl_r)
         os.close(ack_w)
         self._relay_ack = ack_r
+        self._relay_state = state
         self._relay_out, self._relay_ctl = out_r, ctl_w
         return True
+
+    def _relay_bursting(self) -> bool:
+        """The relay's state byte: the engine is writing a burst (not calm), see `_RELAY_SRC`."""
+        try:
+            return os.pread(self._relay_state, 1, 0) == b"\1"
+        except OSError:
+            return False
 
     def _relay_reader(self) -> None:
         """Parse the relay's frames into the writer's queue (blocks when the queue is full,
@@ -1353,18 +1581,26 @@ class LogPump:
                 size = 0
                 while self._queue and size < _BATCH_BYTES:
                     item = self._queue.popleft()
+                    data = item[2]
+                    if len(data) > _BATCH_BYTES and item[0] == _DATA:
+                        # The relay's frames reach 4 MiB: take a batch's worth (no copy; `_feed`
+                        # carries the cut line), so the duty sleep below comes every ~5 ms of work.
+                        view = memoryview(data)
+                        self._queue.appendleft((_DATA, item[1], view[_BATCH_BYTES:], 0, 0))
+                        item = (_DATA, item[1], view[:_BATCH_BYTES], 0, 0)
                     items.append(item)
                     size += len(item[2])
                 self._buffered -= size
             if items:
                 eofs += sum(1 for it in items if it[0] == _EOF)
-                t0 = time.perf_counter()
+                t0 = time.thread_time()
                 try:
                     self._process(items)
                 except Exception as e:  # a bug here must not stop the pump: the buffer would fill
                     self._echo_notice(f"log pump error {type(e).__name__}: {e}")
-                if _DUTY < 1.0 and self._relay_log and size >= _BATCH_BYTES:
-                    time.sleep((time.perf_counter() - t0) * (1.0 / _DUTY - 1.0))
+                if _DUTY < 1.0 and self._relay_log and size >= _BATCH_BYTES and self._relay_bursting():
+                    # CPU time, not wall time: a callback that blocked is no work to pay back.
+                    time.sleep(min(_DUTY_MAX_SLEEP_S, (time.thread_time() - t0) * (1.0 / _DUTY - 1.0)))
             self._expire_pending(time.monotonic())
             with cond:
                 self._processed += len(items)
@@ -1450,7 +1686,7 @@ class LogPump:
                 self._feed(out, s, b"".join(parts) if len(parts) > 1 else data)
         self._write_batch(out)
 
-    def _feed(self, out: _Batch, s: int, chunk: bytes) -> None:
+    def _feed(self, out: _Batch, s: int, chunk: bytes | memoryview) -> None:
         data = self._carry.pop(s, b"") + chunk
         cut = self._cut.pop(s, 0)
         if b"\r" in data:
@@ -1502,10 +1738,19 @@ class LogPump:
         out.text.append((self._lineno + 1, tlines))
         if self.echo is not None:
             tag = self._tag
-            out.echo.append(tag + ("\n" + tag).join(tlines) + "\n")
+            elines = tlines
+            if self._quiet:  # (the substring test is the hot path: most lines are not access lines)
+                elines = [ln for ln in tlines if " HTTP/" not in ln or not self._is_quiet(ln)]
+            if elines:
+                out.echo.append(tag + ("\n" + tag).join(elines) + "\n")
         self._lineno += len(tlines)
         self._lines += len(tlines)
         self._demux(out, tlines)
+
+    def _is_quiet(self, line: str) -> bool:
+        """A uvicorn access line for one of `echo_quiet_paths` with a status below 400."""
+        m = _ACCESS_RE.search(line)
+        return m is not None and m.group(1) in self._quiet and int(m.group(2)) < 400
 
     def _marker(self, out: _Batch, msg: str) -> None:
         out.vllm.append(msg.encode() + b"\n")
@@ -1567,7 +1812,9 @@ class LogPump:
         if name is None or pid is None:
             return out.list_for("unprefixed")
         pid_name = self._pid_name
-        if name == "Worker":
+        if name == "Worker" or _EARLY_WORKER_RE.match(name):
+            # vLLM 0.32 names a worker "VllmWorker-<rank>" (multiprocessing's process name) and
+            # then "Worker" until setup_proc_title_and_log_prefix adds "_TPn": one file per pid
             known = pid_name.get(pid)  # "Worker" itself once held lines timed out (TP=1)
             if known is None:
                 self._pend(pid, line, worker=True)
