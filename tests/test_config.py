@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import os
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -557,3 +557,12 @@ def test_config_from_a_pipe_with_a_writer_loads(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "/m/x" in r.stdout
+
+
+def test_nested_reference_in_a_default_is_an_error_not_a_literal(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('engine:\n  model: "${XPU_TEST_UNSET_A:-${XPU_TEST_UNSET_B}}"\n')
+    r = _run([sys.executable, "-m", "xpu_serve", "render", "-c", str(cfg)], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"{cfg}:2: engine.model: nested variable reference in the default of")
+    assert r.stdout == ""

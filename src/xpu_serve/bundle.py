@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tarfile
 import threading
 import time
@@ -583,6 +584,44 @@ def _make_tar(src: Path, dest: Path, deadline: float, abandon: threading.Event) 
 # listing and retention
 
 
+# bundle.json, incident.json and summary.md are small; a bigger one is not a bundle's to read
+BUNDLE_META_CAP_BYTES = 4 << 20
+
+
+def read_bundle_file(folder: Path, name: str, cap: int = BUNDLE_META_CAP_BYTES) -> bytes | None:
+    """The first `cap` bytes of a regular file in a bundle folder, never through a symlink (a
+    bundle copied from elsewhere may carry one to /etc/shadow or /dev/zero); None when it is
+    missing, unreadable, a symlink or not a regular file."""
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        got = 0
+        while got < cap:
+            b = os.read(fd, min(1 << 20, cap - got))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _json_dict(raw: bytes | None) -> dict[str, Any]:
+    try:
+        data = json.loads((raw or b"").decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _tree_size(p: Path) -> int:
     total = 0
     for dirpath, _dirs, names in os.walk(p):
@@ -619,19 +658,15 @@ def scan_bundles(bundles_dir: Path) -> list[BundleInfo]:
         else:
             info.path = Path(e.path)
             info.size_bytes += _tree_size(info.path)
-            try:
-                inc = json.loads((info.path / "incident.json").read_text())
-                info.summary = str(inc.get("summary") or "")
-                precise = (inc.get("supervisor") or {}).get("created_epoch")
-                if isinstance(precise, (int, float)) and abs(precise - info.created) < 1.0:
-                    info.created = float(precise)  # orders bundles taken within one second
-            except (OSError, ValueError, AttributeError):
-                pass
-            try:
-                man = json.loads((info.path / "bundle.json").read_text())
-                info.complete = bool(man.get("complete"))
-            except (OSError, ValueError, AttributeError):
-                info.complete = None
+            inc = _json_dict(read_bundle_file(info.path, "incident.json"))
+            info.summary = str(inc.get("summary") or "")
+            sup = inc.get("supervisor")
+            precise = sup.get("created_epoch") if isinstance(sup, dict) else None
+            if isinstance(precise, (int, float)) and abs(precise - info.created) < 1.0:
+                info.created = float(precise)  # orders bundles taken within one second
+            man = _json_dict(read_bundle_file(info.path, "bundle.json"))
+            done = man.get("complete")
+            info.complete = done if isinstance(done, bool) else None
     return sorted(found.values(), key=_sort_key)
 
 

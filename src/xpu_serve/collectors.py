@@ -819,7 +819,7 @@ def attribute_root_block(incident: dict[str, Any] | None, log_dir: Path) -> tupl
 # stacks
 
 
-_HANG_KINDS = {"hang", "startup-stall", "startup-timeout", "operator"}
+_HANG_KINDS = {"hang", "startup-stall", "startup-timeout", "operator", "health"}  # health: timed out only
 
 
 def collect_stacks(inputs: CollectInputs, io: CollectorIO) -> None:
@@ -828,7 +828,9 @@ def collect_stacks(inputs: CollectInputs, io: CollectorIO) -> None:
     names = {p.pid: p.name for p in inputs.processes}
     stacks: dict[Any, str] | None = inputs.stacks
     if stacks is None:
-        if inputs.trigger.kind not in _HANG_KINDS:
+        if inputs.trigger.kind not in _HANG_KINDS or (
+            inputs.trigger.kind == "health" and not inputs.trigger.detail.endswith(": timed out")
+        ):
             io.note(f"no stacks for trigger kind {inputs.trigger.kind!r}")
             return
         live = [p.pid for p in inputs.live_processes()]

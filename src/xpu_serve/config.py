@@ -528,6 +528,11 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
                 "(NAME: letters, digits, _), or $${ for a literal ${"
             )
         name, default = m.group(1), m.group(2)
+        if default is not None and "${" in default.replace("$${", ""):
+            raise ValueError(
+                f"nested variable reference in the default of {_shown(m.group(0))}...: not supported; "
+                "set the variable or use a plain default"
+            )
         value = source.get(name)
         if value is None:
             value = builtins.get(name)

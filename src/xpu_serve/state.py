@@ -181,6 +181,32 @@ def _write_in_place(path: Path, payload: bytes) -> bool:
         os.close(fd)
 
 
+# state.json is a few KiB (a TP=64 tree with every segment is well under 1 MiB)
+MAX_STATE_BYTES = 4 << 20
+
+
+def _read_regular(path: Path, cap: int) -> bytes | None:
+    """At most `cap` + 1 bytes of `path` if it is a regular file (opened without blocking, so a
+    FIFO put there never hangs a reader), else None. Raises OSError (FileNotFoundError...)."""
+    import stat as stat_mod
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        got = 0
+        while got <= cap:
+            b = os.read(fd, min(1 << 20, cap + 1 - got))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_state(runtime_dir: Path) -> dict[str, Any] | None:
     """Read RUNTIME/state.json; None when absent.
 
@@ -194,9 +220,13 @@ def read_state(runtime_dir: Path) -> dict[str, Any] | None:
         if attempt:
             time.sleep(0.02)
         try:
-            raw = path.read_bytes()
+            raw = _read_regular(path, MAX_STATE_BYTES)
         except FileNotFoundError:
             return None
+        if raw is None:
+            raise ValueError(f"{path}: not a regular file")
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_STATE_BYTES} bytes: not a state file of xpu-serve")
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:

@@ -674,6 +674,10 @@ class Supervisor:
                 starts[pid] = float(ct)
         members = cleanup.find_members(old_run, None, [pgid] if pgid else [], list(starts), starts)
         members.discard(os.getpid())
+        # the segments the orphans map or hold open are proven theirs (a kill -9 of the previous
+        # supervisor right after launch leaves state.json without any): read before stopping them
+        orphan_shm = cleanup.segments_of(members) if members else set()
+        orphan_starts = [t for t in (cleanup.proc_start_time(p) for p in members) if t is not None]
         if members:
             self.log.emit(
                 "orphans",
@@ -694,8 +698,10 @@ class Supervisor:
         started = info.get("started_at")
         seg = cleanup.remove_segments(
             None,
-            set(info.get("shm") or []),
-            float(started) if isinstance(started, (int, float)) else time.time(),
+            set(info.get("shm") or []) | orphan_shm,
+            float(started)
+            if isinstance(started, (int, float))
+            else min(orphan_starts, default=time.time()),  # (killed before it recorded the launch)
             old_run,
             candidates=set(info.get("new_segments") or []),
         )
@@ -775,9 +781,7 @@ class Supervisor:
             )
         except OSError as ex:
             ctx.fail(
-                Trigger(
-                    kind="config", detail=f"cannot start {rendered.argv[0]!r}: {ex.strerror}", at=time.time()
-                )
+                Trigger(kind="config", detail=_cannot_start(rendered.argv[0], ex), at=time.time())
             )
             return "failed"
         self._popen = popen
@@ -1416,10 +1420,31 @@ def _exit_rank(t: Trigger) -> tuple[int, float]:
     return grade, t.at
 
 
+def _cannot_start(program: str, ex: OSError) -> str:
+    """One line for an engine command that cannot be executed. ENOENT for a file that exists
+    means its `#!` interpreter is missing (execve(2)); say so rather than "No such file"."""
+    import errno as errno_mod
+    import shutil
+
+    path = shutil.which(program) or program
+    if ex.errno == errno_mod.ENOENT and os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                first = f.readline(256)
+        except OSError:
+            first = b""
+        if first.startswith(b"#!"):
+            interp = first[2:].strip().decode("utf-8", "replace").split(" ")[0]
+            return f"cannot start {program!r}: its #! interpreter {interp!r} does not exist"
+    return f"cannot start {program!r}: {ex.strerror}"
+
+
 def _fallback_cause(trig: Trigger) -> str:
     return {
         "process-exit": "process-crash",
-        "health": "process-crash",
+        # /health timing out while every process lives is a hung server; failing (503, refused)
+        # follows a death the process watch may not have reported
+        "health": "engine-hang" if trig.detail.endswith(": timed out") else "process-crash",
         "startup-stall": "startup-hang",
         "startup-timeout": "startup-hang",
         "hang": "engine-hang",

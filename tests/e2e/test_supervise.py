@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,15 @@ def test_engine_not_executable_gives_up_at_once(up_factory: Any) -> None:
     assert "cannot start '/nonexistent/vllm'" in u.state()["reason"]
 
 
+def test_engine_with_a_missing_shebang_interpreter_says_so(up_factory: Any, tmp_path: Path) -> None:
+    script = tmp_path / "vllm"
+    script.write_text("#!/nonexistent/python3.99 -u\nprint('never')\n")
+    script.chmod(0o755)
+    u = up_factory(engine={"command": [str(script), "serve"]}).start()
+    assert u.exit_code(60) == exitcodes.GAVE_UP_AT_ONCE
+    assert f"cannot start '{script}': its #! interpreter '/nonexistent/python3.99' does not exist" in u.state()["reason"]
+
+
 @pytest.mark.parametrize("when", ["starting", "ready", "backoff"])
 def test_sigterm_stops_everything_exit_0(up_factory: Any, when: str) -> None:
     if when == "starting":
@@ -202,6 +212,25 @@ def test_kill_9_supervisor_next_up_cleans_orphans(up_factory: Any) -> None:
     orphans = u.events("orphans")
     assert orphans and set(orphans[0]["pids"]) >= old
     assert st2["run_id"] != st["run_id"]
+    u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert u.exit_code() == 0
+    _assert_nothing_left(u, set())
+
+
+def test_kill_9_supervisor_right_after_launch_next_up_removes_the_orphans_segments(up_factory: Any) -> None:
+    """Killed before state.json recorded any segment: the next `up` proves them the orphans' from
+    their own mappings before stopping them, and removes them."""
+    u = up_factory(faults="slow-start seconds=200 incarnation=1").start()
+    u.wait_for(lambda: u.events("launched"), 30, "launched")
+    os.kill(u.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+    u.proc.wait(10)  # type: ignore[union-attr]
+    u.wait_for(lambda: len([s for s in u.our_segments() if s.startswith("/dev/shm/")]) >= 2, 30,
+               "the orphaned ranks' segments")
+    leaked = set(u.our_segments())
+    u.start()
+    u.wait_for(lambda: any(e.get("removed") for e in u.events("orphans")), 30, "orphans' segments removed")
+    removed = {r for e in u.events("orphans") for r in e.get("removed") or []}
+    assert leaked <= removed, (sorted(leaked - removed), u.events("orphans"))
     u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     assert u.exit_code() == 0
     _assert_nothing_left(u, set())
@@ -387,3 +416,34 @@ def test_full_runtime_disk_keeps_state_json_current(up_factory: Any, xpu_serve_c
     finally:
         u.kill_all()
         subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
+
+
+def test_early_sigusr1_and_sighup_do_not_kill_the_supervisor(up_factory: Any) -> None:
+    """Sent before the handlers are installed, SIGUSR1/SIGHUP are ignored (their default action
+    terminates); the engine, launched later, still has the default dispositions."""
+    u = up_factory()
+    u.out = open(u.tmp / "up-early.out", "w")  # noqa: SIM115  (closed by kill_all)
+    u.proc = subprocess.Popen(  # type: ignore[assignment]
+        [sys.executable, "-m", "xpu_serve", "up", "-c", str(u.config), "--log-format", "json"],
+        stdout=u.out, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    ignored = False
+    while time.monotonic() < deadline and not ignored:  # the first thing our main does for `up`
+        with open(f"/proc/{u.proc.pid}/status") as f:
+            ign = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
+        ignored = bool(ign & (1 << (signal.SIGUSR1 - 1)))
+        time.sleep(0.002)
+    assert ignored, "SIGUSR1 not ignored while starting"
+    assert not (u.runtime / "state.json").exists()  # still early: no supervisor state yet
+    os.kill(u.proc.pid, signal.SIGUSR1)
+    os.kill(u.proc.pid, signal.SIGHUP)
+    st = u.wait_tree(1)
+    u.run_ids.add(st["run_id"])
+    assert u.proc.poll() is None
+    for p in st["processes"]:
+        with open(f"/proc/{p['pid']}/status") as f:
+            ign = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
+        assert not ign & ((1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGHUP - 1))), (p, hex(ign))
+    u.proc.send_signal(signal.SIGTERM)
+    assert u.exit_code() == 0

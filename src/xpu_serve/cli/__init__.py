@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `xpu-serve`; returns the process exit code (see `xpu_serve.exitcodes`)."""
+    raw = sys.argv[1:] if argv is None else argv
+    if raw[:1] == ["up"]:
+        # SIGUSR1 (operator bundle) and SIGHUP (planned restart) terminate by default: until the
+        # supervisor installs its handlers (imports and config take ~0.5 s) they are ignored, so a
+        # script or `systemctl reload` that is early does not kill it (the handlers replace this,
+        # so the engine, started later, gets the default dispositions again)
+        import signal
+
+        for sig in (signal.SIGUSR1, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

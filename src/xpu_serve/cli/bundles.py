@@ -54,7 +54,7 @@ def _size(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """List, show or locate bundles; returns an exit code from `xpu_serve.exitcodes`."""
-    from xpu_serve.bundle import find_bundle, list_bundles
+    from xpu_serve.bundle import find_bundle, list_bundles, read_bundle_file
 
     runtime_dir = resolve_runtime_dir(args)
     if runtime_dir is None:
@@ -95,18 +95,9 @@ def run(args: argparse.Namespace) -> int:
     incident: dict | None = None
     summary = ""
     if b.path is not None:
-        try:
-            manifest = json.loads((b.path / "bundle.json").read_text())
-        except (OSError, ValueError):
-            manifest = None
-        try:
-            incident = json.loads((b.path / "incident.json").read_text())
-        except (OSError, ValueError):
-            incident = None
-        try:
-            summary = (b.path / "summary.md").read_text(errors="replace")
-        except OSError:
-            summary = ""
+        manifest = _json_object(read_bundle_file(b.path, "bundle.json"))
+        incident = _json_object(read_bundle_file(b.path, "incident.json"))
+        summary = (read_bundle_file(b.path, "summary.md") or b"").decode("utf-8", "replace")
     if args.json:
         print(json.dumps({"bundle": b.to_dict(), "incident": incident, "manifest": manifest}, indent=2))
         return exitcodes.OK
@@ -120,11 +111,26 @@ def run(args: argparse.Namespace) -> int:
     elif b.path is None:
         print("(only the .tar.gz is left; unpack it to read the bundle)")
     if manifest:
-        if manifest.get("errors"):
+        errors = manifest.get("errors")
+        if isinstance(errors, list) and errors:
             print("\n## Errors")
-            for err in manifest["errors"]:
+            for err in errors:
                 print(f"- {err}")
-        print("\n## Files")
-        for f in manifest.get("files", []):
-            print(f"{f.get('bytes', 0):>12}  {f.get('path')}")
+        files = manifest.get("files")
+        if isinstance(files, list):
+            print("\n## Files")
+            for f in files:
+                if isinstance(f, dict):
+                    print(f"{f.get('bytes', 0)!s:>12}  {f.get('path')}")
     return exitcodes.OK
+
+
+def _json_object(raw: bytes | None) -> dict | None:
+    """The JSON object in `raw`, or None (missing, malformed, or not an object)."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -119,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return exitcodes.USAGE
+            links = [f for f in inside if os.path.islink(f)]
+            if links:
+                # a bundle is written by us with regular files only; a link in one copied from
+                # elsewhere could make us read (and print evidence from) any file on this host
+                print(f"xpu-serve diagnose: {links[0]}: a symlink inside a bundle: refused", file=sys.stderr)
+                return exitcodes.USAGE
             expanded.extend(inside)
             continue
         expanded.append(p)
@@ -127,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         # only stat here: each input is opened exactly once, by diagnose_files (a FIFO opened to
         # test it and closed loses its writer's data); a device would be read forever (/dev/zero)
         if p == "-":
+            if sys.stdin is None:
+                print("xpu-serve diagnose: -: standard input is closed", file=sys.stderr)
+                return exitcodes.USAGE
             continue
         try:
             st = os.stat(p)
@@ -150,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         inc = diagnose_files(inputs, analyzer=an)
     except OSError as e:
-        print(f"xpu-serve diagnose: {e.filename or '?'}: cannot read: {e.strerror or e}", file=sys.stderr)
+        print(f"xpu-serve diagnose: {e.filename or '-'}: cannot read: {e.strerror or e}", file=sys.stderr)
         return exitcodes.USAGE
     for u in unmatched:
         inc.notes.append(f"no file matched {u} (ignored)")

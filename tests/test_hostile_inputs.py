@@ -1,0 +1,95 @@
+"""Hostile inputs found by a break-it pass: each is one line and exit 2, never a traceback, a
+hang, or a file read from outside the bundle. Real `xpu-serve` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from xpu_serve import exitcodes
+
+BID = "20261130T000000Z-i1-process-crash"
+
+
+def _xs(*args: str, stdin: int | None = subprocess.DEVNULL, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "xpu_serve", *args], capture_output=True, text=True,
+                          stdin=stdin, timeout=timeout)
+
+
+def _bundle(tmp_path: Path) -> Path:
+    b = tmp_path / "rt" / "bundles" / BID
+    (b / "logs").mkdir(parents=True)
+    return b
+
+
+def test_bundles_show_never_follows_a_symlink_out_of_the_bundle(tmp_path: Path) -> None:
+    b = _bundle(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:SECRET-HASH:20228:0:99999:7:::\n")
+    (b / "summary.md").symlink_to(secret)
+    (b / "incident.json").symlink_to(secret)
+    (b / "bundle.json").write_text(json.dumps({"complete": True, "files": [], "errors": []}))
+    r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
+    assert r.returncode == exitcodes.OK, r.stderr
+    assert "SECRET-HASH" not in r.stdout + r.stderr
+    assert "state: complete" in r.stdout
+    r = _xs("bundles", "list", "--runtime-dir", str(tmp_path / "rt"), "--json")
+    assert "SECRET-HASH" not in r.stdout
+    # a link to an endless device is not read either
+    (b / "bundle.json").unlink()
+    (b / "bundle.json").symlink_to("/dev/zero")
+    r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"), timeout=20)
+    assert r.returncode == exitcodes.OK and "partial" in r.stdout
+
+
+def test_bundles_show_manifest_of_wrong_types(tmp_path: Path) -> None:
+    b = _bundle(tmp_path)
+    (b / "bundle.json").write_text('{"complete":"yes","files":7,"errors":null}')
+    (b / "incident.json").write_text("[1, 2]")
+    r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
+    assert r.returncode == exitcodes.OK, r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert "state: partial" in r.stdout  # "yes" is not a completed manifest
+
+
+def test_diagnose_refuses_a_symlink_inside_a_bundle(tmp_path: Path) -> None:
+    b = _bundle(tmp_path)
+    (b / "incident.json").write_text("{}")
+    secret = tmp_path / "secret.log"
+    secret.write_text("(Worker_TP0 pid=1) ERROR SECRET-LINE\n")
+    (b / "logs" / "vllm.log").symlink_to(secret)
+    r = _xs("diagnose", str(b))
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip() == f"xpu-serve diagnose: {b / 'logs' / 'vllm.log'}: a symlink inside a bundle: refused"
+    assert "SECRET-LINE" not in r.stdout
+
+
+def test_diagnose_with_stdin_closed() -> None:
+    # the shell closes fd 0 before exec: Python then has no sys.stdin at all
+    r = subprocess.run(["bash", "-c", f"exec '{sys.executable}' -m xpu_serve diagnose - <&-"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip() == "xpu-serve diagnose: -: standard input is closed"
+    # closed after start-up: the read fails, still one line naming the input
+    r = subprocess.run([sys.executable, "-c", "import os, sys; os.close(0); from xpu_serve.cli import main; "
+                        "sys.exit(main(['diagnose', '-']))"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip() == "xpu-serve diagnose: -: cannot read: Bad file descriptor"
+
+
+def test_status_on_a_fifo_or_huge_state_file(tmp_path: Path) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    os.mkfifo(rt / "state.json")
+    r = _xs("status", "--runtime-dir", str(rt), timeout=20)
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip() == f"{rt / 'state.json'}: not a regular file"
+    (rt / "state.json").unlink()
+    with open(rt / "state.json", "wb") as f:
+        f.write(b'{"x": "' + b"a" * (5 << 20) + b'"}')
+    r = _xs("status", "--runtime-dir", str(rt))
+    assert r.returncode == exitcodes.USAGE
+    assert "larger than" in r.stderr and len(r.stdout) < 1000
