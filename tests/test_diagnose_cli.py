@@ -213,7 +213,10 @@ def test_human_report_one_screen() -> None:
 def test_report_for_hang_and_stall() -> None:
     inc = diagnose_files([CASES / "glm47-flash-engine-hang" / "vllm.log"])
     text = render_text(inc)
-    assert "HANG: last progress 04-14 23:00:33; detected at 04-14 23:32:27 by vLLM execute-model RPC timeout" in text
+    assert (
+        "HANG: last progress 04-14 23:00:33; detected at 04-14 23:32:27 by vLLM execute-model RPC timeout"
+        in text
+    )
     assert "31m54s" in text
     inc = diagnose_files([CASES / "qwen3-30b-startup-stall" / "vllm.log"])
     assert inc.startup is not None and inc.startup["missing_ranks"] == [1]
@@ -265,7 +268,9 @@ def test_live_analyzer_with_facts_and_kernel_records() -> None:
     # the supervisor's exit fact of the crashing worker is evidence of the root, not a consequence
     assert "process-killed-by-signal" not in {c["signature"] for c in contract["consequences"]}
     assert [e["signature"] for e in contract["root"]["evidence"]] == ["process-killed-by-signal"]
-    assert inc.summary.startswith("Worker_TP0 (rank 0, pid 4242) was killed by SIGSEGV inside the GPU driver library")
+    assert inc.summary.startswith(
+        "Worker_TP0 (rank 0, pid 4242) was killed by SIGSEGV inside the GPU driver library"
+    )
     assert not inc.summary.endswith(".")
 
 
@@ -574,7 +579,9 @@ def test_bundle_directory_reads_vllm_log_and_kernel_log(tmp_path: Path) -> None:
         "Worker_TP0 (rank 0, pid 9135) was killed by SIGSEGV at 11-30 10:01:10; 36 lines followed as consequences"
     )
     text = diagnose(str(b))
-    assert text.returncode == 0 and text.stdout.startswith("VERDICT: process-crash — Worker_TP0 (rank 0, pid 9135)")
+    assert text.returncode == 0 and text.stdout.startswith(
+        "VERDICT: process-crash — Worker_TP0 (rank 0, pid 9135)"
+    )
     # the bundle's kernel.log (dmesg --time-format iso) is read too
     (b / "kernel.log").write_text(
         "2026-11-30T10:01:10,120000+00:00 VLLM::Worker_TP[9135]: segfault at 58619acc8 ip 0000762f1beff168 "
@@ -598,11 +605,26 @@ def test_bundle_inputs_rotations_oldest_first(tmp_path: Path) -> None:
     b = tmp_path / "b"
     (b / "logs" / "2").mkdir(parents=True)
     (b / "logs" / "10").mkdir(parents=True)
-    for rel in ("logs/2/vllm.log", "logs/2/vllm.log.1", "logs/2/vllm.log.2", "logs/2/Worker_TP0.log",
-                "logs/10/vllm.log", "kernel.log", "incident.json"):
+    for rel in (
+        "logs/2/vllm.log",
+        "logs/2/vllm.log.1",
+        "logs/2/vllm.log.2",
+        "logs/2/Worker_TP0.log",
+        "logs/10/vllm.log",
+        "kernel.log",
+        "incident.json",
+    ):
         (b / rel).write_text("x\n")
-    assert bundle_inputs(b) == [str(b / p) for p in (
-        "logs/2/vllm.log.2", "logs/2/vllm.log.1", "logs/2/vllm.log", "logs/10/vllm.log", "kernel.log")]
+    assert bundle_inputs(b) == [
+        str(b / p)
+        for p in (
+            "logs/2/vllm.log.2",
+            "logs/2/vllm.log.1",
+            "logs/2/vllm.log",
+            "logs/10/vllm.log",
+            "kernel.log",
+        )
+    ]
     assert bundle_inputs(tmp_path) is None  # no incident.json/bundle.json and logs/
     # a bundle without vllm.log: its per-process logs (their repeats are counted once)
     c = tmp_path / "c"
@@ -654,9 +676,15 @@ def test_live_summary_names_the_signal_and_keeps_the_dump_with_the_root() -> Non
         an.feed_line(line, "vllm.log", i)
         if "died unexpectedly" in line:
             p = procs["Worker_TP0"]
-            an.add_event(facts.process_exit(p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at))
+            an.add_event(
+                facts.process_exit(p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at)
+            )
     for k, p in enumerate(p for p in procs.values() if p["name"] != "Worker_TP0"):
-        an.add_event(facts.process_exit(p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at + 1 + k / 10))
+        an.add_event(
+            facts.process_exit(
+                p["name"], p["pid"], p["rank"], p["exit_code"], p["signal"], at=at + 1 + k / 10
+            )
+        )
     inc = an.incident()
     assert inc.cause == "process-crash"
     assert re.fullmatch(
@@ -681,10 +709,123 @@ def test_report_wraps_long_text_instead_of_cutting() -> None:
     from xpu_serve.report import WIDTH
 
     note = "kernel pid 8335 (VLLM::Worker_TP) matches no pid in the vLLM log (another pid namespace, " * 3
-    inc = Incident(cause="process-crash", summary="Worker_TP0 (rank 0) was killed by SIGSEGV " * 4, notes=[note])
+    inc = Incident(
+        cause="process-crash", summary="Worker_TP0 (rank 0) was killed by SIGSEGV " * 4, notes=[note]
+    )
     text = render_text(inc)
     assert all(len(line) <= WIDTH for line in text.splitlines())
     body = text.split("NOT SETTLED:")[1]
     assert "…" not in body
     assert " ".join(body.split()).startswith("- " + " ".join(note.split()))
     assert " ".join(text.split("\n\n")[0].split()).endswith("was killed by SIGSEGV.")
+
+
+def test_paste_starting_at_caret_marks_keeps_the_exception(tmp_path: Path) -> None:
+    # the excerpt begins under a frame's source line (vllm#23814): the caret marks open the traceback,
+    # so the exception line that follows is rank 0's own failure, not noise
+    p = "(VllmWorker rank={r} pid={p}) ERROR 08-29 01:18:42 [multiproc_executor.py:546] {t}"
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                p.format(r=0, p=222, t="                              ^^^^^^^^^^^^^^^^^^^^^^^^^^"),
+                p.format(r=0, p=222, t="RuntimeError: CUDA error: an illegal memory access was encountered"),
+                p.format(r=0, p=222, t="For debugging consider passing CUDA_LAUNCH_BLOCKING=1"),
+                p.format(r=3, p=225, t="WorkerProc hit an exception."),
+                p.format(r=3, p=225, t="Traceback (most recent call last):"),
+            ]
+        ),
+    )
+    assert v["cause"] == "process-exception"
+    assert (v["root"]["rank"], v["root"]["pid"], v["root"]["line"]) == (0, 222, 2)
+    assert [c["rank"] for c in v["consequences"]] == [3]
+    # caret-like lines outside a traceback paste are not an exception by themselves
+    v = verdict(tmp_path, "^^^^^^^^\nall good here\n")
+    assert v["cause"] == "unknown"
+
+
+def test_indented_kernel_fault_outranks_user_space_device_lost(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                "  cycle 2, another 4GB                 UR_RESULT_ERROR_DEVICE_LOST",
+                "",
+                "  xe 0000:04:00.0: [drm] Tile0: GT0: Fault response: Unsuccessful -EINVAL",
+                "  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error [18]: class=bcs, logical_mask: 0x1, guc_id=6",
+            ]
+        ),
+    )
+    assert v["cause"] == "gpu-fault" and v["root"]["source"] == "kernel"
+    assert "device-lost" in [c["signature"] for c in v["consequences"]]
+
+
+def test_kernel_fault_burst_root_is_the_first_fault_named_by_the_timed_out_job(tmp_path: Path) -> None:
+    # xe reports the bad access first, then times the job out (naming the process): the fault is
+    # the root, the timeout and the CAT error follow; the subject comes from the timeout record
+    k = "[ 7{:03d}.000000] xe 0000:04:00.0: [drm] Tile0: GT0: {}"
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                k.format(100, "Fault response: Unsuccessful -EINVAL"),
+                k.format(100, "Engine memory CAT error [18]: class=bcs, logical_mask: 0x1, guc_id=6"),
+                k.format(101, "Timedout job: seqno=42, lrc_seqno=42, guc_id=6, flags=0x20 in python3 [4242]"),
+                k.format(101, "Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=6"),
+                # a later, unrelated burst on another card does not move the root
+                "[ 9000.000000] xe 0000:05:00.0: [drm] Tile0: GT0: Fault response: Unsuccessful -EINVAL",
+            ]
+        ),
+        name="dmesg.txt",
+    )
+    assert v["cause"] == "gpu-fault"
+    assert (v["root"]["line"], v["root"]["pid"]) == (1, 4242)
+    sigs = [c["signature"] for c in v["consequences"]]
+    assert "xe-job-timeout" in sigs and "xe-cat-error" in sigs
+    # without a fault record the timed-out job stays the root
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                k.format(101, "Timedout job: seqno=42, lrc_seqno=42, guc_id=6, flags=0x20 in python3 [4242]"),
+                k.format(101, "Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=6"),
+            ]
+        ),
+        name="dmesg.txt",
+    )
+    assert (v["root"]["line"], v["root"]["pid"]) == (1, 4242)
+
+
+def test_guc_load_failure_outranks_the_wedged_device(tmp_path: Path) -> None:
+    t = "[Tue Aug 26 16:02:58 2025] i915 0000:00:02.0: [drm] "
+    v = verdict(
+        tmp_path,
+        "\n".join(
+            [
+                t + "GT0: GUC: ADS capture alloc size changed from 32768 to 36864",
+                t
+                + "GT0: GUC: load failed: status: Reset = 0, BootROM = 0x76, UKernel = 0x07, MIA = 0x00, Auth = 0x02",
+                t + "*ERROR* GT0: GuC initialization failed -ENXIO",
+                t + "*ERROR* GT0: Failed to initialize GPU, declaring it wedged!",
+            ]
+        ),
+        name="dmesg.txt",
+    )
+    assert v["cause"] == "gpu-fault" and v["root"]["line"] == 2
+    assert "gpu-wedged" in [c["signature"] for c in v["consequences"]]
+
+
+def test_records_glued_on_one_line_are_each_read(tmp_path: Path) -> None:
+    v = verdict(
+        tmp_path,
+        "2025:05:23-19:14:38:(172397) |CCL_WARN| could not get local_idx/count from environment variables, "
+        "trying to get them from ATL2025:05:23-19:14:38:(172401) |CCL_ERROR| atl_ofi.cpp:243 init: can't find "
+        "suitable provider\n",
+    )
+    assert v["cause"] == "collective-failure" and v["root"]["pid"] == 172401
+    v = verdict(
+        tmp_path,
+        "(EngineCore pid=1) INFO 01-01 00:00:00 [a.py:1] loading(Worker_TP1 pid=3) ERROR 01-01 00:00:01 "
+        "[b.py:2] RuntimeError: XPU out of memory. Tried to allocate 2.00 GiB\n",
+    )
+    assert v["cause"] == "device-oom" and (v["root"]["process"], v["root"]["pid"]) == ("Worker_TP1", 3)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from xpu_serve.events import parse_kernel_record, parse_line, split_process_prefix
+from xpu_serve.events import parse_kernel_record, parse_line, split_glued_records, split_process_prefix
 
 
 def test_split_process_prefix_nested() -> None:
@@ -433,3 +433,54 @@ def test_non_english_dmesg_T_and_cjk_months_give_times() -> None:
         ev = parse_line(line)
         assert (ev.source, ev.pid) == ("kernel", 7986), line
         assert ev.time is not None and (ev.time.year, ev.time.month, ev.time.day) == when, line
+
+
+def test_indented_kernel_records_and_i915_error_state() -> None:
+    # a hand-written report quotes xe records indented and without stamps (compute-runtime#944)
+    ev = parse_line("  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error [18]: class=bcs, guc_id=6")
+    assert ev.source == "kernel"
+    assert ev.text.startswith("xe 0000:04:00.0: [drm]")
+    # the continuation of a multi-line record stays text
+    assert (
+        parse_line("                           FaultType: 0, AccessType: 1, FaultLevel: 2").source == "text"
+    )
+    # an indented vLLM-ish or prose line is not a kernel record
+    assert parse_line("  cycle 2, another 4GB                 UR_RESULT_ERROR_DEVICE_LOST").source == "text"
+    # the i915 GPU error state (/sys/class/drm/card*/error) pasted on its own
+    ev = parse_line("GPU HANG: ecode 12:1:85def5fb, in llama-bench [1538400]")
+    assert ev.source == "kernel" and ev.pid == 1538400 and ev.process == "llama-bench"
+
+
+def test_log_viewer_gutter_is_stripped() -> None:
+    # vllm#6042: every line pasted from a log viewer carries "  | " before it
+    ev = parse_line(
+        "  | ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 died, exit code: -6"
+    )
+    assert (ev.source, ev.level, ev.time_text) == ("vllm", "ERROR", "07-01 13:54:43")
+    assert ev.text.startswith("Worker VllmWorkerProcess pid 1159 died")
+    ev = parse_line(
+        "  | [rank0]:[E ProcessGroupNCCL.cpp:577] [Rank 0] Some NCCL operations have failed or timed out."
+    )
+    assert (ev.source, ev.rank) == ("vllm", 0)
+    # a docker compose service prefix is still the compose shape, a markdown table row stays text
+    assert parse_line("vllm-1  | (APIServer pid=1) INFO 01-01 00:00:00 [a.py:1] x").process == "APIServer"
+    assert parse_line("| case | cause |").source == "text"
+
+
+def test_glued_records_are_split_and_wrappers_are_not() -> None:
+    # IPEX#810: two oneCCL records on one pasted line
+    a = "2025:05:23-19:14:38:(172397) |CCL_WARN| could not get local_idx/count, trying to get them from ATL"
+    b = "2025:05:23-19:14:38:(172401) |CCL_ERROR| atl_ofi.cpp:243 init: can't find suitable provider"
+    assert split_glued_records(a + b) == [a, b]
+    c = "(EngineCore pid=1) INFO 01-01 00:00:00 [a.py:1] loading"
+    d = "(Worker_TP1 pid=3) ERROR 01-01 00:00:01 [b.py:2] RuntimeError: XPU out of memory"
+    assert split_glued_records(c + d) == [c, d]
+    for one in (
+        "(APIServer pid=1) (EngineCore_DP0 pid=2) ERROR 05-28 13:20:51 [core.py:936] boom",
+        "(RayWorkerVllm pid=7746) 2024:08:21-10:24:26:( 7746) |CCL_WARN| fallback",
+        "vllm-1  | (APIServer pid=1) INFO 01-01 00:00:00 [a.py:1] x",
+        "\x1b[36m(RayWorkerVllm pid=5085)\x1b[0m INFO 01-01 00:00:00 [a.py:1] x",
+        "2026-04-16T12:49:28.262466172Z (EngineCore_DP0 pid=568) ERROR 04-16 12:49:28 [core.py:936] x",
+        "",
+    ):
+        assert split_glued_records(one) == [one]

@@ -960,11 +960,12 @@ def test_unfinished_spliced_line_is_split_not_mixed_when_other_stream_waits(tmp_
         go.set()
         stats = pump.close()
     errs = b"".join(b"ERRLINE %d\n" % i for i in range(10))
-    if hasattr(os, "splice"):
-        tail = b"PARTIAL-HEAD\n" + errs + b"TAIL\n"
-    else:
-        tail = errs + b"PARTIAL-HEADTAIL\n"
-    assert data.endswith(tail), data[-300:]
+    # spliced (the relay was dropping when the head came): split after the head; read (it had
+    # caught up again, which timing decides): the head held in memory, the line whole after
+    spliced, held = b"PARTIAL-HEAD\n" + errs + b"TAIL\n", errs + b"PARTIAL-HEADTAIL\n"
+    assert data.endswith(spliced) or data.endswith(held), data[-300:]
+    tail = spliced if data.endswith(spliced) else held
+    assert b"PARTIAL-HEADERR" not in data
     assert data.count(b"\n") == 160_000 + tail.count(b"\n")
     assert stats.dropped_lines > 0 and stats.lines + stats.dropped_lines == data.count(b"\n")
     text = data.decode().split("\n")

@@ -184,3 +184,49 @@ def test_cuda_runtime_oom_wordings_are_device_oom() -> None:
     ):
         got = TABLE.match(parse_line(line), in_traceback=False)
         assert got is not None and got[0].cause == "device-oom", line
+
+
+@pytest.mark.parametrize(
+    "line, row",
+    [
+        # i915 boot: benign GuC lines ("changed" must not read as "hang")
+        (
+            "[   18.430827] i915 0000:0d:00.0: [drm] GT0: GUC: ADS capture alloc size changed from 32768 to 36864",
+            None,
+        ),
+        (
+            "[   18.431927] i915 0000:0d:00.0: [drm] GT0: GuC firmware i915/dg2_guc_70.bin version 70.20.0",
+            None,
+        ),
+        (
+            "[   18.432614] i915 0000:0d:00.0: [drm] GT0: GUC: load failed: status = 0x40000056, time = 0ms",
+            "xe-guc-init-failure",
+        ),
+        # a GuC failure at run time stays the general row
+        (
+            "xe 0000:03:00.0: [drm] *ERROR* Tile0: GT0: GuC engine reset request failed on 0:0 because 0xffffffff",
+            "xe-guc-failure",
+        ),
+        # xe refuses an old GuC (Lunar Lake, thesofproject/linux#5196)
+        (
+            "[    5.472025] kernel: xe 0000:00:02.0: [drm] *ERROR* GT0: Unsupported GuC v70.20.0! v70.29.2 or newer is required",
+            "xe-guc-init-failure",
+        ),
+        # xe_gt_pagefault.c print_pagefault, quoted without a stamp (compute-runtime#944)
+        ("xe 0000:04:00.0: [drm] Tile0: GT0: Faulted Address: 0x0000d55936bff000", "gpu-page-fault"),
+        # kv_cache_utils._check_enough_kv_cache_memory, cut by a terminal wrap before "KV cache is needed"
+        (
+            "(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach",
+            "kv-cache-too-small-for-len",
+        ),
+        # Intel MPI under oneCCL's ATL/MPI (uxlfoundation/oneCCL#106)
+        (
+            "Abort(2138767) on node 0 (rank 0 in comm 0): Fatal error in PMPI_Init: Unknown error class, error stack:",
+            "mpi-init-abort",
+        ),
+        ("MPIDI_OFI_mpi_init_hook(1584): ", None),  # an empty frame of the MPI error stack is not evidence
+    ],
+)
+def test_guc_pagefault_kv_and_mpi_shapes(line: str, row: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line

@@ -38,7 +38,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
-from xpu_serve.events import Event, kernel_message_info, parse_line
+from xpu_serve.events import Event, kernel_message_info, parse_line, split_glued_records
 from xpu_serve.signatures import Signature, SignatureTable, load_table
 
 MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
@@ -175,6 +175,11 @@ def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
     return (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
 
 
+# A GPU driver's own fault reports: they open a burst of kernel records (see _primary_gpu_fault).
+_PRIMARY_GPU_FAULTS = frozenset(("gpu-page-fault", "xe-cat-error", "xe-guc-init-failure"))
+_DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
+
+
 def _boot(ev: Event) -> float | None:
     b = ev.extra.get("boot_s")
     return float(b) if isinstance(b, (int, float)) and ev.time is None else None
@@ -289,7 +294,8 @@ class Analyzer:
         # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
         # below), belongs to an open traceback, or continues a kernel record
         self._ac: Any = self.table.trigger_automaton(
-            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "'), skip_roles=("context",)
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "'),
+            skip_roles=("context",),
         )
         self._stats_sig = self.table.by_id.get("stats-line")
         self._prefix_seen: dict[str, int | None] = {}
@@ -373,6 +379,12 @@ class Analyzer:
         return got
 
     def _slow(self, line: str, file: str, lineno: int) -> Event | None:
+        if len(parts := split_glued_records(line)) > 1:
+            # several records pasted on one line: each is read on its own (same line number)
+            r = None
+            for part in parts:
+                r = self._slow(part, file, lineno) or r
+            return r
         ev = parse_line(line, file, lineno)
         r = self._ingest(ev, file, lineno)
         self._last_line[file] = line
@@ -562,10 +574,22 @@ class Analyzer:
                     st[0] = 1
                 self._tb[key] = st
                 group = st[1]
-            elif st is None and text.lstrip().startswith('File "') and ", line " in text:
-                # a paste that starts inside a traceback (its header cut off): frames open one
-                self._tb[key] = [2, self._order, self._order]
+            elif st is None and (ls := text.lstrip())[:1] in ("F", "^", "~"):
+                if ls.startswith('File "') and ", line " in text:
+                    # a paste that starts inside a traceback (its header cut off): frames open one
+                    self._tb[key] = [2, self._order, self._order]
+                    group = self._order
+                elif "^" in ls and not ls.rstrip().strip("^~"):
+                    # ... or starts at the caret marks under a frame's source line (Python 3.11+
+                    # prints them only in tracebacks): the exception line follows
+                    self._tb[key] = [1, self._order, self._order]
+                    group = self._order
+            elif st is None and _EXC_LINE_RE.match(text) and self._after_carets(pid, file):
+                # the exception line right under caret marks that took the fast path (a paste
+                # that starts at the end of a traceback): it is the traceback's exception line
+                self._tb[key] = [3, self._order, self._order]
                 group = self._order
+                in_tb = True
             elif st is not None:
                 st[2] = self._order
                 s0 = st[0]
@@ -809,6 +833,21 @@ class Analyzer:
                 else:
                     keep0.append(e)
             cands = keep0
+        detections = [e for e in cands if e.cause == "engine-hang" and e.signature != "bare-timeout-error"]
+        if detections:
+            # vLLM's own hang detection (the execute-model RPC timeout) makes EngineCore raise and
+            # exit 1 and the API server kill the workers: the deaths the supervisor sees from that
+            # second on are consequences of the hang, not its cause
+            first_hang = min(detections, key=cmp_to_key(_cmp_time))
+            keep1 = []
+            for e in cands:
+                if e.source == "process" and e.cause == "process-crash" and (
+                    self._before(first_hang, e) or self._same_second(first_hang, e)
+                ):
+                    demoted.append(e)
+                else:
+                    keep1.append(e)
+            cands = keep1
         deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
         first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
         kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
@@ -854,6 +893,17 @@ class Analyzer:
         root = cands[0] if cands else None
         if root is not None and root.cause == "device-lost" and kernel_gpu:
             root = min(kernel_gpu, key=cmp_to_key(_cmp_time))
+        subject_ev = root
+        if root is not None and root.source == "kernel" and root.cause == "gpu-fault":
+            first = self._primary_gpu_fault(root, kernel_gpu)
+            if first is not None:
+                # the fault that started the burst is the root; the record naming the process (the
+                # timed-out job) still tells whose context it was
+                if first.pid is None and not first.extra.get("pid") and not first.process:
+                    subject_ev = root
+                else:
+                    subject_ev = first
+                root = first
         if root is not None and root.cause == "gpu-fault" and any(c.cause == "device-lost" for c in cands):
             notes.append("user space reported the device lost; the kernel's GPU fault record explains it")
         cause = root.cause if root is not None else None
@@ -913,7 +963,7 @@ class Analyzer:
             sig = self.table.by_id[root.signature or ""]
             inc.root_label = sig.label
             inc.meaning, inc.advice = sig.meaning, sig.advice
-            proc, rank, pid = self._subject(root, notes)
+            proc, rank, pid = self._subject(subject_ev or root, notes)
             inc.root = self._contract_event(root, proc, rank, pid)
             lib = root.extra.get("library")
             if isinstance(lib, str) and cause in ("umd-segfault", "collective-failure", "process-crash"):
@@ -1052,6 +1102,59 @@ class Analyzer:
             return sig_name not in ("SIGTERM", "SIGINT", "SIGHUP")
         code = ev.extra.get("exit_code")
         return code not in (None, 0, "0")
+
+    def _after_carets(self, pid: int | None, file: str) -> bool:
+        """The previous line of this stream (same pid, else same file) ends in Python's caret marks
+        ("    ^^^^^^^^", "~~~~^^^^"), i.e. it was the last frame's source pointer of a traceback."""
+        prev = self.pid_last_raw.get(pid) if pid is not None else None
+        line = prev[0] if prev is not None and prev[1] == file else self._last_line.get(file, "")
+        tail = line.rstrip()
+        if not tail.endswith("^"):
+            return False
+        body = tail.rstrip("^~")
+        return body == "" or body[-1] in " \t]"
+
+    def _primary_gpu_fault(self, root: Event, kernel_gpu: list[Event]) -> Event | None:
+        """The device's own fault record (page fault, CAT error, GuC load/init failure) that opened
+        the kernel burst `root` belongs to, when it comes before `root`; else None.
+
+        The xe driver reports a bad access first (xe_gt_pagefault.c "Fault response", "Engine memory
+        CAT error"), then bans the context and times the job out (xe_guc_submit.c "Timedout job"),
+        resets the engine or the GT and, when that fails, declares the device wedged; i915 reports
+        a GuC load failure before "declaring it wedged". The later records rank higher as root
+        candidates because they name the process; causally the first fault is the root."""
+        dev = _DRM_DEV_RE.match(root.text)
+        best: Event | None = None
+        for ev in kernel_gpu:
+            if ev is root or ev.signature not in _PRIMARY_GPU_FAULTS:
+                continue
+            d = _DRM_DEV_RE.match(ev.text)
+            if dev is not None and d is not None and d.group(1) != dev.group(1):
+                continue
+            if not self._same_burst(ev, root) or _cmp_time(ev, root) > 0:
+                continue
+            if _cmp_time(ev, root) == 0 and (ev.file != root.file or (ev.line or 0) >= (root.line or 0)):
+                continue
+            if (
+                best is None
+                or _cmp_time(ev, best) < 0
+                or (_cmp_time(ev, best) == 0 and ev.file == best.file and (ev.line or 0) < (best.line or 0))
+            ):
+                best = ev
+        return best
+
+    @staticmethod
+    def _same_burst(a: Event, b: Event) -> bool:
+        """Two kernel records of one incident: within 10 s on the kernel's clock, or (no clock)
+        within 50 lines of the same file."""
+        ba, bb = _boot(a), _boot(b)
+        if ba is not None and bb is not None:
+            return abs(ba - bb) <= 10.0
+        if a.time is not None and b.time is not None:
+            return abs((a.time - b.time).total_seconds()) <= 10.0
+        if ba is None and bb is None and a.time is None and b.time is None:
+            return a.file == b.file and abs((a.line or 0) - (b.line or 0)) <= 50
+        return False
 
     def _same_second(self, a: Event, b: Event) -> bool:
         ka, kb = _tkey(a), _tkey(b)

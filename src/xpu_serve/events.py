@@ -190,7 +190,9 @@ def _month(tok: str) -> int:
 _KERNEL_MSG_RE = re.compile(
     r"(?:xe|i915|amdgpu|nouveau|pcieport|nvidia|snd_hda_intel) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d|"
     r"NVRM: |\S+\[\d+\]: segfault at |traps: |Out of memory: |oom-kill:|\S+ invoked oom-killer|"
-    r"\[drm\]|\[drm:|audit: |BUG: |Call Trace:|Memory cgroup out of memory"
+    r"\[drm\]|\[drm:|audit: |BUG: |Call Trace:|Memory cgroup out of memory|"
+    # i915 GPU error state (/sys/class/drm/card*/error, i915_gpu_coredump.c) pasted on its own
+    r"GPU HANG: ecode "
 )
 # pid and comm inside kernel messages.
 _K_COMM_PID_RE = re.compile(r"(?:traps: )?(\S[^\[\]]*?)\[(\d+)\]:? (?:segfault|general protection|trap )")
@@ -445,6 +447,12 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     if not text:
         return Event(source="text", text="", raw=s, file=file, line=lineno)
     c = text[0]
+    if (c == " " or c == "|") and text.lstrip(" ")[:2] == "| ":
+        # a log viewer's gutter before every line ("  | ERROR 07-01 13:54:43 ...", vllm#6042)
+        text = text.lstrip(" ")[2:]
+        if not text:
+            return Event(source="text", text="", raw=s, file=file, line=lineno)
+        c = text[0]
     if c == ">" or c == "`":
         text = _strip_markdown(text)
         if not text:
@@ -649,10 +657,14 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         m = _MID_PREFIX_RE.search(text)
         if m:
             return _parse_line(text[m.start() :], file, lineno)
-    if name is None and wrap_time is None and _KERNEL_MSG_RE.match(text):
-        ev = _kernel_event(text, s, time_text=None)
-        ev.file, ev.line = file, lineno
-        return ev
+    if name is None and wrap_time is None:
+        # kernel records quoted without their stamp, also indented in a hand-written report
+        # ("  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error ...")
+        kt = text.lstrip() if c == " " or c == "\t" else text
+        if _KERNEL_MSG_RE.match(kt):
+            ev = _kernel_event(kt, s, time_text=None)
+            ev.file, ev.line = file, lineno
+            return ev
     return Event(
         source="vllm" if name else "text",
         text=text,
@@ -664,6 +676,57 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         time_text=wrap_time,
         time=wrap_dt,
     )
+
+
+# A second record glued to the end of another on one pasted line (a terminal that lost the newline,
+# a copy from a web log viewer): a oneCCL stamp (oneCCL src/common/log/log.hpp) or a vLLM process
+# prefix (vllm/logger.py + multiproc_executor's "(Worker_TP0 pid=N) ") after other text. Found from
+# their literal anchors ("|CCL_", " pid=") so a line without a glued record costs two `find`s.
+_CCL_STAMP_END_RE = re.compile(r"\d{4}:\d\d:\d\d-\d\d:\d\d:\d\d:\s*(?:\(\s*\d+\)|\d+)(?::\[\d+\])?\s*$")
+
+
+def _glued_starts(line: str) -> list[int]:
+    starts: list[int] = []
+    k = line.find("|CCL_", 1)
+    while k > 0:
+        w = max(0, k - 48)
+        m = _CCL_STAMP_END_RE.search(line, w, k)
+        if m is not None and m.start() > 0:
+            starts.append(m.start())
+        k = line.find("|CCL_", k + 5)
+    k = line.find(" pid=", 1)
+    while k > 0:
+        p = line.rfind("(", max(0, k - 64), k)
+        if p > 0 and _MID_PREFIX_RE.match(line, p):
+            starts.append(p)
+        k = line.find(" pid=", k + 5)
+    return sorted(set(starts))
+
+
+def split_glued_records(line: str) -> list[str]:
+    """Split a pasted line that holds several log records ("...from ATL2025:05:23-19:14:38:(172401)
+    |CCL_WARN| ...", "loading(Worker_TP1 pid=3) ERROR ...") into one string per record, in order.
+    A wrapper or a nested vLLM prefix before a record ("(APIServer pid=1) (EngineCore_DP0 pid=2)
+    ERROR ...", "vllm-1  | (APIServer pid=1) ...") is not a second record.
+    Returns [line] when nothing is glued. Never raises."""
+    starts = _glued_starts(line)
+    if not starts:
+        return [line]
+    out: list[str] = []
+    start = 0
+    for i in starts:
+        pre = line[start:i]
+        if "\x1b" in pre:
+            pre = _ANSI_RE.sub("", pre)
+        # glued means no separator: a wrapper before a record ("vllm-1  | ", a `docker logs -t`
+        # stamp, Ray's "(RayWorker pid=7) ", a nested prefix) ends in a space
+        if pre.strip() and not pre[-1].isspace():
+            out.append(line[start:i])
+            start = i
+    if not out:
+        return [line]
+    out.append(line[start:])
+    return out
 
 
 def _strip_markdown(text: str) -> str:
