@@ -246,13 +246,10 @@ class ExitWatch:
             code, sig = w.status()
         if code is None and sig is None:
             code, sig = zombie_status(w.pid)
-        if self._connector is not None:
+        if code is None and sig is None and self._connector is not None:
             st = self._connector.status(w.pid)
-            if code is None and sig is None and st is not None:
+            if st is not None:
                 code, sig = st
-            died = self._connector.exit_time(w.pid)
-            if died is not None and died <= at:
-                at = died  # the kernel's time of death, not the time we were woken
         if self._connector is not None and self._connector.interest is not None:
             self._connector.interest.discard(w.pid)
         self._on_exit(w.pid, code, sig, at)
@@ -316,7 +313,6 @@ class ProcConnector:
         self.keep = keep
         self.interest: set[int] | None = None  # record only these pids (None: every process)
         self._status: dict[int, tuple[int | None, str | None]] = {}
-        self._when: dict[int, int] = {}  # tgid -> the event's timestamp_ns (CLOCK_MONOTONIC)
 
     @classmethod
     def open(cls) -> ProcConnector | None:
@@ -364,31 +360,18 @@ class ProcConnector:
                     break
                 body = off + 16 + 20
                 if body + 16 + 16 <= len(data):
-                    what, _cpu, ts_ns = struct.unpack_from(_EVENT_HDR, data, body)
+                    what = struct.unpack_from(_EVENT_HDR, data, body)[0]
                     if what == _PROC_EVENT_EXIT:
                         pid, tgid, code, _sig = struct.unpack_from(_EXIT_EVENT, data, body + 16)
                         if pid == tgid and (self.interest is None or tgid in self.interest):
                             if len(self._status) >= self.keep:
-                                old = next(iter(self._status))
-                                self._status.pop(old)
-                                self._when.pop(old, None)
+                                self._status.pop(next(iter(self._status)))
                             self._status[tgid] = decode_wait_status(code)
-                            self._when[tgid] = ts_ns
                 off += (nlen + 3) & ~3
 
     def status(self, pid: int) -> tuple[int | None, str | None] | None:
         self.drain()
         return self._status.pop(pid, None)
-
-    def exit_time(self, pid: int) -> float | None:
-        """When `pid` exited (epoch seconds), from the event's timestamp (ktime_get_ns(),
-        CLOCK_MONOTONIC, drivers/connector/cn_proc.c proc_exit_connector), or None. The order of
-        deaths in a burst comes from here: pidfd wake-ups may arrive in another order."""
-        self.drain()
-        ts = self._when.pop(pid, None)
-        if ts is None:
-            return None
-        return time.time() - (time.monotonic_ns() - ts) / 1e9
 
     def close(self) -> None:
         self.sock.close()
