@@ -1090,3 +1090,41 @@ def test_vllm_032_worker_names_of_one_pid_go_to_one_file(tmp_path: Path) -> None
     assert [ln.split(")")[0] for ln in w0] == ["(VllmWorker-0 pid=32746", "(Worker pid=32746", "(Worker_TP0 pid=32746"]
     assert len(lines_of(logs / "Worker_TP1.log")) == 2
     assert stats.lines == 5 == len(got.lines)
+
+
+def test_relay_keeps_vllm_log_going_after_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the process that owns the pump: the relay stops forwarding but drains the
+    engine's pipes into vllm.log until the engine ends; the engine (here `head`, which dies of
+    SIGPIPE on a closed pipe) writes everything and exits 0."""
+    logs = tmp_path / "logs"
+    owner_code = (
+        "import os, subprocess, sys, time\n"
+        "from xpu_serve.sources.vllm_output import LogPump\n"
+        "eng = subprocess.Popen(['sh', '-c', 'sleep 1; yes abcdefghij | head -c 40000000; echo END; sleep 1'],\n"
+        "                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)\n"
+        f"pump = LogPump({str(logs)!r}, 1, echo=None)\n"
+        "pump.start(eng.stdout, eng.stderr)\n"
+        "print(eng.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    eng = int(owner.stdout.readline())
+    owner.kill()  # before the engine writes its first byte
+    owner.wait(10)
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{eng}") and time.monotonic() < deadline:
+        with open(f"/proc/{eng}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    want = 40_000_000 + 4
+    while time.monotonic() < deadline:
+        if (logs / "vllm.log").exists() and (logs / "vllm.log").stat().st_size >= want:
+            break
+        time.sleep(0.05)
+    data = (logs / "vllm.log").read_bytes()
+    assert len(data) == want, len(data)
+    assert data.endswith(b"\nabcdefgEND\n")  # (head cut the last line: 40,000,000 = 11 x 3,636,363 + 7)
+    assert data[:11] == b"abcdefghij\n"

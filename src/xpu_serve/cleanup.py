@@ -460,6 +460,12 @@ def remove_segments(
     cand |= proven
     if not cand:
         return rep
+    # a CPU shm segment carrying the distributed-init id of a proven /tmp/vllm_dist_<id> is ours
+    # too (the id is vLLM's random per-launch id, printed by our own processes): ranks that fail
+    # in their first moments map their segments too briefly for the /proc polls to see them.
+    # The "existed before the launch" checks below still apply.
+    ids = dist_ids_of(p for p in proven if p.startswith("/tmp/vllm_dist_"))
+    proven |= {c for c in cand if c.startswith("/dev/shm/vllm_dist_") and dist_ids_of([c]) & ids}
     in_use = {_top_path(p) for p in segments_of(_proc_pids())}
     pre = {_top_path(p) for p in before} if before is not None else set()
     for path in sorted(cand):

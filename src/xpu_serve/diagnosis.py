@@ -131,6 +131,13 @@ _DEATH_EVIDENCE = frozenset(
 _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
 
 
+# Lines whose text a client controls: uvicorn's access log ('127.0.0.1:51234 - "GET /path?query
+# HTTP/1.1" 200 OK', uvicorn/logging.py AccessFormatter; IPv6 as '[::1]:51234 - "...') and vLLM's
+# request logger ('Received request ID: prompt: ...', 'Generated response ID: output: ...',
+# vllm/entrypoints/logger.py RequestLogger).
+_USER_TEXT_RE = re.compile(r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response )')
+
+
 def death_signal(ev: Event) -> str | None:
     """The signal a death record names, as "SIGSEGV"..., or None: the supervisor's exit fact
     (`extra["signal"]`), a crash dump's signal text ("Segmentation fault"), a negative exit code."""
@@ -636,6 +643,11 @@ class Analyzer:
         return ev
 
     def _classify(self, ev: Event, in_tb: bool, file: str, lineno: int) -> Signature | None:
+        if _USER_TEXT_RE.match(ev.text):
+            # a request's own text (uvicorn's access line with the path and query, vLLM's request
+            # log with the prompt): anyone who reaches the port writes it, so it is never evidence
+            # (a GET /x?EngineDeadError must not fail a healthy server)
+            return None
         m = self.table.match(ev, in_tb)
         if m is None:
             if ev.text.lstrip().startswith("what():"):

@@ -34,8 +34,11 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
   read as soon as its data comes. *Rotation stays at line ends*: a splice stops 64 KiB
   (`MARGIN`) short of `max_bytes` and the read path finishes the file (a line left unfinished
   there and longer than that is split across the two files).
-  The relay exits when the pipes reach EOF, when `close()` closes its control pipe, or when this
-  process dies (control EOF); signals from a terminal or systemd are ignored.
+  The relay exits when the pipes reach EOF or when `close()` tells it to; when this process dies
+  (kill -9: control EOF without `close()`'s quit command) it stops forwarding but keeps draining
+  the engine's pipes into ``vllm.log`` until they reach EOF, so the engine, which lives on in its
+  own session until the next `up` stops it, neither blocks, dies of SIGPIPE nor loses its output;
+  signals from a terminal or systemd are ignored.
   Fallback (`relay=False`, the relay cannot start, or it dies: a notice is echoed): one
   reader thread per pipe in this process, and the writer thread writes ``vllm.log``; here a
   lagging writer makes the readers drop whole lines from *every* output, ``vllm.log`` included
@@ -216,9 +219,12 @@ _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it sto
 #   LOGMISS (lines missed, errno): the last stream ended while vllm.log was still failing.
 # Control pipe (supervisor -> relay): b"F" + 8-byte sequence = "read what the pipes hold now
 # (so it is in vllm.log), then write seq on the ack pipe (out of band: `flush` does not wait
-# behind a congested frame pipe) and send an ACK(seq) frame"; EOF on it = "read what the pipes hold, send EOF
-# frames, exit". If the supervisor's end of the frame pipe breaks, it stops forwarding but
-# keeps writing vllm.log until the pipes or the control pipe reach EOF.
+# behind a congested frame pipe) and send an ACK(seq) frame"; b"Q" + 8 bytes then EOF (`close()`)
+# = "read what the pipes hold, send EOF frames, exit". EOF without Q = the supervisor died (kill -9):
+# the relay stops forwarding but keeps draining the engine's pipes into vllm.log until they reach
+# EOF (the engine lives on in its own session; a writer must not die of SIGPIPE or lose its
+# output; the next `up` stops the orphans, which closes the pipes). Likewise if the supervisor's
+# end of the frame pipe breaks.
 # The backup shifting of a rotation, shared by the relay (pasted into _RELAY_SRC at #SHIFT_BACKUPS#,
 # which must stay one stdlib-only source text) and `_RotatingFile` (exec'd once below). The rest
 # of the rotation cannot be shared: the relay cuts raw byte batches of one stream at a line end
@@ -720,6 +726,7 @@ def stop_forwarding():
         out_mask = 0
 
 ctl_buf = b""
+quit_asked = False  # b"Q" came before the control pipe's EOF: close(), not the supervisor's death
 # After a small read, let the pipe fill a little (fewer wake-ups and reads per line written):
 # short enough that a child writing 2 GB/s does not fill a 1 MiB pipe meanwhile.
 nap = 0.0002
@@ -750,12 +757,19 @@ while open_ins or q or pending:
                 continue
             if not data:
                 poller.unregister(ctl)
+                if not quit_asked:  # the supervisor died: keep vllm.log going until the engine's EOF
+                    stop_forwarding()
+                    continue
                 drain_inputs()
                 for fd2 in list(open_ins):
                     end_stream(fd2)
                 continue
             ctl_buf += data
             while len(ctl_buf) >= 9:
+                if ctl_buf[:1] == b"Q":
+                    quit_asked = True
+                    ctl_buf = ctl_buf[9:]
+                    continue
                 seq = int.from_bytes(ctl_buf[1:9], "big")
                 ctl_buf = ctl_buf[9:]
                 drain_inputs()
@@ -1309,6 +1323,8 @@ class LogPump:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
         if self._relay_ctl >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._relay_ctl, b"Q" + bytes(8))  # (EOF alone: we died, it keeps going)
             with contextlib.suppress(OSError):
                 os.close(self._relay_ctl)  # the relay reads what is left, sends EOF frames, exits
             self._relay_ctl = -1
