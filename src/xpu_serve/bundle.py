@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import tarfile
 import threading
 import time
@@ -57,6 +56,7 @@ from xpu_serve.collectors import (
     read_environ,
     run_collectors,
 )
+from xpu_serve.fsread import read_regular
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.redact import Redactor, secrets_in_argv, secrets_in_env, secrets_in_mapping
 
@@ -592,26 +592,7 @@ def read_bundle_file(folder: Path, name: str, cap: int = BUNDLE_META_CAP_BYTES) 
     """The first `cap` bytes of a regular file in a bundle folder, never through a symlink (a
     bundle copied from elsewhere may carry one to /etc/shadow or /dev/zero); None when it is
     missing, unreadable, a symlink or not a regular file."""
-    try:
-        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        got = 0
-        while got < cap:
-            b = os.read(fd, min(1 << 20, cap - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_regular(folder / name, cap, follow=False)
 
 
 def _json_dict(raw: bytes | None) -> dict[str, Any]:

@@ -18,7 +18,6 @@ the field descriptions below; tests/test_readme.py keeps the two equal).
 from __future__ import annotations
 
 import difflib
-import errno
 import hashlib
 import json
 import math
@@ -735,28 +734,14 @@ def _read_fifo(p: Path) -> bytes:
     """A FIFO's content up to EOF (at most MAX_FILE_BYTES + 1 bytes), waiting at most
     FIFO_WAIT_S seconds for data. `-c <(...)` hands us a pipe whose writer exists; a named FIFO
     nobody writes to would block a plain open() forever. Raises OSError (ETIMEDOUT)."""
-    import select
+    from xpu_serve.fsread import read_fd
 
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        chunks: list[bytes] = []
-        got = 0
-        deadline = time.monotonic() + FIFO_WAIT_S
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while got <= MAX_FILE_BYTES:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                raise OSError(errno.ETIMEDOUT, f"a FIFO with no data from a writer within {FIFO_WAIT_S:g} s")
-            try:
-                b = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        return b"".join(chunks)
+        return read_fd(
+            fd, MAX_FILE_BYTES + 1, time.monotonic() + FIFO_WAIT_S,
+            f"a FIFO with no data from a writer within {FIFO_WAIT_S:g} s",
+        )
     finally:
         os.close(fd)
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xpu_serve.fsread import read_regular
 from xpu_serve.incarnation import Status
 
 STATE_FILE = "state.json"
@@ -185,28 +186,6 @@ def _write_in_place(path: Path, payload: bytes) -> bool:
 MAX_STATE_BYTES = 4 << 20
 
 
-def _read_regular(path: Path, cap: int) -> bytes | None:
-    """At most `cap` + 1 bytes of `path` if it is a regular file (opened without blocking, so a
-    FIFO put there never hangs a reader), else None. Raises OSError (FileNotFoundError...)."""
-    import stat as stat_mod
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks = []
-        got = 0
-        while got <= cap:
-            b = os.read(fd, min(1 << 20, cap + 1 - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def read_state(runtime_dir: Path) -> dict[str, Any] | None:
     """Read RUNTIME/state.json; None when absent.
 
@@ -220,7 +199,7 @@ def read_state(runtime_dir: Path) -> dict[str, Any] | None:
         if attempt:
             time.sleep(0.02)
         try:
-            raw = _read_regular(path, MAX_STATE_BYTES)
+            raw = read_regular(path, MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return None
         if raw is None:
