@@ -557,26 +557,15 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
                 code_location=m.group(3),
             )
         if text[:4] == "CCL_":
-            ev = _ccl_bare(text, s, name, pid, file, lineno, wrap_time, wrap_dt)
+            ev = _leveled(_CCL_BARE_RE, "ccl", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
             if ev is not None:
                 return ev
         if text.startswith(("INFO:", "WARNING:", "ERROR:", "CRITICAL:")):
-            m = _UVICORN_RE.match(text)
-            if m:
-                return Event(
-                    source="vllm",
-                    text=text[m.end() :],
-                    raw=s,
-                    process=name,
-                    pid=pid,
-                    level=m.group(1),
-                    file=file,
-                    line=lineno,
-                    time_text=wrap_time,
-                    time=wrap_dt,
-                )
+            ev = _leveled(_UVICORN_RE, "vllm", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
+            if ev is not None:
+                return ev
     elif c == "|" and text[1:5] == "CCL_":
-        ev = _ccl_bare(text, s, name, pid, file, lineno, wrap_time, wrap_dt)
+        ev = _leveled(_CCL_BARE_RE, "ccl", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
         if ev is not None:
             return ev
     elif c.isdigit():
@@ -742,7 +731,9 @@ def _strip_markdown(text: str) -> str:
     return text
 
 
-def _ccl_bare(
+def _leveled(
+    rx: re.Pattern[str],
+    source: str,
     text: str,
     raw: str,
     name: str | None,
@@ -752,11 +743,13 @@ def _ccl_bare(
     wrap_time: str | None,
     wrap_dt: datetime | None,
 ) -> Event | None:
-    m = _CCL_BARE_RE.match(text)
+    """A line whose level prefix `rx` matches (group 1: the level), e.g. uvicorn's "INFO:     "
+    or oneCCL's bare "|CCL_WARN| "; the text after it, with the wrappers already taken off."""
+    m = rx.match(text)
     if not m:
         return None
     return Event(
-        source="ccl",
+        source=source,
         text=text[m.end() :],
         raw=raw,
         process=name,
