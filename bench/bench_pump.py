@@ -7,7 +7,8 @@ Worker_TPn, oneCCL and unprefixed lines) to its stdout, and reports its own writ
 Mode "block": one `write()` per 400 lines (48,640 bytes; the worst case for the pump). Mode "line": one `write()` per
 line, as vLLM's `logging.StreamHandler` does (it flushes every record). Baseline: stdout is a regular file in a temporary directory. Pump: stdout and
 stderr are pipes read by `LogPump` (files in a temporary directory, echo off, callback on). Both run
-in this same process run, alternated, `--runs` times; medians are printed with their ratio
+in this same process run, alternated, `--runs` times, with a third run, the floor: the same child
+writing into a pipe that this process splices into a file with nothing else (`run_floor`); medians are printed with their ratio
 (target >= 0.8), and the pump's line and drop counts. The relay writes vllm.log itself: each run
 checks that it holds every byte the child wrote ("vllm.log complete"); only the forwarding to
 the per-process files and the callback drops (counted, marked; meanwhile the relay splices the
@@ -19,6 +20,7 @@ may not see it). CPU time per run (less sensitive to other load than the rates):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -82,6 +84,34 @@ def run_baseline(mb: int, tmp: Path, mode: str) -> float:
     return int(nbytes) / float(dt) / 1e6
 
 
+def run_floor(mb: int, tmp: Path, mode: str) -> float:
+    """The least any pipe-based pump must do: the child writes into a pipe (1 MiB, as the pump
+    asks with F_SETPIPE_SZ) and this process moves it to a file with a blocking `splice()` loop,
+    no line handling at all. The child's rate here is the ceiling of a pump that never lets the
+    child write to the disk itself (a slow or full disk must not stall vLLM)."""
+    import fcntl
+
+    r, w = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(mb), mode], stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
+    out = tmp / "floor.log"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while os.splice(r, fd, 1 << 24):
+            pass
+    finally:
+        os.close(fd)
+        os.close(r)
+    assert p.stderr is not None
+    err = p.stderr.read()
+    p.wait()
+    out.unlink()
+    nbytes, dt = err.decode().split()[1:3]
+    return int(nbytes) / float(dt) / 1e6
+
+
 def _cpu_ms(r: resource.struct_rusage) -> float:
     return 1000 * (r.ru_utime + r.ru_stime)
 
@@ -138,19 +168,21 @@ def main() -> int:
         for mode in modes:
             print(f"[{mode}] load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
             base: list[float] = []
+            floor: list[float] = []
             pumped: list[float] = []
             drained: list[float] = []
             drops: list[float] = []
             cpus: list[tuple[float, float, float]] = []
             for i in range(a.runs):
                 base.append(run_baseline(a.mb, tmp, mode))
+                floor.append(run_floor(a.mb, tmp, mode))
                 child, total, stats, complete, cpu = run_pump(a.mb, tmp, i, mode)
                 cpus.append(cpu)
                 pumped.append(child)
                 drained.append(total)
                 drops.append(stats.dropped_lines / max(1, stats.lines + stats.dropped_lines))  # type: ignore[attr-defined]
                 print(
-                    f"[{mode}] run {i}: file {base[-1]:.0f} MB/s, pump {child:.0f} MB/s "
+                    f"[{mode}] run {i}: file {base[-1]:.0f} MB/s, splice-only floor {floor[-1]:.0f} MB/s, pump {child:.0f} MB/s "
                     f"(end-to-end {total:.0f} MB/s), vllm.log complete: {complete}; {stats}"
                 )
             b, p = statistics.median(base), statistics.median(pumped)
@@ -165,7 +197,11 @@ def main() -> int:
                 f"[{mode}] CPU time, medians: child {c:.0f} ms, relay {r:.0f} ms (whole run, counting included), "
                 f"supervisor until the child's exit {s:.0f} ms"
             )
+            fl = statistics.median(floor)
+            print(f"[{mode}] child -> pipe -> splice loop (floor):  median {fl:.0f} MB/s")
             print(f"[{mode}] ratio pump/file: {p / b:.2f} (target >= 0.8)")
+            print(f"[{mode}] ratio floor/file: {fl / b:.2f} (the most any pipe-based pump can reach here)")
+            print(f"[{mode}] ratio pump/floor: {p / fl:.2f}")
             print(f"[{mode}] load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -978,7 +978,8 @@ class Supervisor:
         # is dying is the first death: decide now, so detection keeps its milliseconds (the
         # window only matters for teardown bursts, whose first report may be a clean exit 0).
         abnormal = sig is not None or (code is not None and code != 0)
-        if abnormal and len(self._pending_exits) == 1 and not any(
+        deferred = self._exitwatch is not None and bool(self._exitwatch.deferred)
+        if abnormal and len(self._pending_exits) == 1 and not deferred and not any(
             p not in self._exited for p in self._dying_at
         ):
             self._commit_exits()
@@ -1004,6 +1005,8 @@ class Supervisor:
             self._exit_timer = None
         self._child_died()
         waiting = [p for p in self._dying_at if p not in self._exited]
+        if self._exitwatch is not None:
+            waiting += self._exitwatch.deferred  # dead, status still on its way (ExitWatch)
         if waiting and time.monotonic() < self._exit_window_end:
             # wait (at most 1 s more) for the exits already under way to be reported
             loop = self._loop or asyncio.get_running_loop()

@@ -131,6 +131,84 @@ def test_discover_and_exit_watch_report_signal_of_grandchild() -> None:
         parent.wait()
 
 
+_BURST_PARENT = (
+    "import os, signal, time\n"
+    "pids = []\n"
+    "for i, sig in enumerate((signal.SIGSEGV, signal.SIGABRT)):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        time.sleep(0.3 + 0.005 * i)\n"
+    "        os.kill(os.getpid(), sig)\n"
+    "        time.sleep(5)\n"
+    "    pids.append(pid)\n"
+    "print(' '.join(map(str, pids)), flush=True)\n"
+    "for _ in pids:\n"
+    "    os.wait()\n"  # reaps at once, as EngineCore's executor does: the zombie is soon gone
+)
+
+
+@pytest.mark.skipif(processes.ProcConnector.open() is None, reason="no proc connector (not root on the host)")
+def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event() -> None:
+    """The pidfd fires in exit_notify(), the proc connector's exit event is sent just after it,
+    and the parent may reap the zombie in between: the status is asked for again instead of
+    being reported unknown (which ranked a worker's SIGSEGV after its peer's later SIGABRT).
+    The connector here holds back its first answer for each pid, as the kernel does when the
+    pidfd wake-up wins that race; the events themselves are the kernel's."""
+
+    class LateConnector(processes.ProcConnector):
+        def __init__(self, sock: socket.socket) -> None:
+            super().__init__(sock)
+            self.asked: set[int] = set()
+            self.held_back = 0
+
+        def status(self, pid: int) -> tuple[int | None, str | None] | None:
+            if pid not in self.asked:
+                self.asked.add(pid)
+                self.held_back += 1
+                return None
+            return super().status(pid)
+
+    base = processes.ProcConnector.open()
+    assert base is not None
+    conn = LateConnector(base.sock)
+
+    async def burst() -> list[tuple[int, int | None, str | None, float]]:
+        loop = asyncio.get_running_loop()
+        got: list[tuple[int, int | None, str | None, float]] = []
+        done = asyncio.Event()
+
+        def on_exit(pid: int, code: int | None, sig: str | None, at: float) -> None:
+            got.append((pid, code, sig, at))
+            if len(got) == 2:
+                done.set()
+
+        ew = processes.ExitWatch(loop, on_exit, connector=conn)
+        p = subprocess.Popen([sys.executable, "-c", _BURST_PARENT], stdout=subprocess.PIPE)
+        assert p.stdout is not None
+        pids = [int(x) for x in p.stdout.readline().split()]
+        for pid in pids:
+            assert ew.watch(pid)
+        await asyncio.wait_for(done.wait(), 10)
+        assert not ew.deferred
+        ew.close()
+        p.wait()
+        by_pid = {g[0]: g for g in got}
+        return [by_pid[pid] for pid in pids]
+
+    try:
+        for _ in range(12):  # until the zombie was gone at least once (about 3 runs in 4 here)
+            before = conn.held_back
+            segv, abrt = asyncio.run(burst())
+            assert (segv[1], segv[2]) == (None, "SIGSEGV")
+            assert (abrt[1], abrt[2]) == (None, "SIGABRT")
+            assert segv[3] <= abrt[3]  # the time the pidfd fired, not the time of the answer
+            if conn.held_back > before:
+                break
+        assert conn.held_back > 0, "the zombie was never gone before its status was read"
+    finally:
+        conn.close()
+
+
 def test_exit_watch_polling_fallback_and_direct_child_status() -> None:
     async def go() -> tuple[int, int | None, str | None, float]:
         loop = asyncio.get_running_loop()

@@ -162,6 +162,13 @@ ExitCallback = Callable[[int, "int | None", "str | None", float], None]
 """on_exit(pid, exit_code, signal_name, at_epoch_seconds)."""
 
 
+# A grandchild's exit status missing from the proc connector when its pidfd fired is asked for
+# again this many times, this many seconds apart (at most ~40 ms added to a detection whose
+# status would otherwise be unknown).
+CONNECTOR_RETRIES = 4
+CONNECTOR_RETRY_S = 0.01
+
+
 @dataclass
 class _Watched:
     pid: int
@@ -179,7 +186,8 @@ class ExitWatch:
     a direct child (e.g. from `Popen.poll()`); others get `zombie_status`. Returns False when the
     process is already gone (on_exit is then called soon, with an unknown status).
     Uses pidfds when `os.pidfd_open` works, else polls every `poll_interval_s` seconds.
-    Must be used from the loop's thread. `close()` stops all watches.
+    `deferred`: pids that have exited but whose report waits (at most CONNECTOR_RETRIES *
+    CONNECTOR_RETRY_S s) for the connector's exit status. Must be used from the loop's thread. `close()` stops all watches.
     """
 
     def __init__(
@@ -195,6 +203,7 @@ class ExitWatch:
         self._poll_interval_s = poll_interval_s
         self._watched: dict[int, _Watched] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        self.deferred: set[int] = set()  # exited; report waits for the connector's status
         self.use_pidfd = hasattr(os, "pidfd_open")
         self.closed = False
 
@@ -239,8 +248,8 @@ class ExitWatch:
             os.close(w.fd)
             w.fd = None
 
-    def _report(self, w: _Watched) -> None:
-        at = time.time()
+    def _report(self, w: _Watched, at: float | None = None, tries: int = 0) -> None:
+        at = time.time() if at is None else at
         code, sig = (None, None)
         if w.status is not None:
             code, sig = w.status()
@@ -250,6 +259,16 @@ class ExitWatch:
             st = self._connector.status(w.pid)
             if st is not None:
                 code, sig = st
+            elif tries < CONNECTOR_RETRIES and not self.closed:
+                # The kernel wakes pidfd waiters in exit_notify() and sends the connector's exit
+                # event just after it (kernel/exit.c do_exit: proc_exit_connector); the parent
+                # (EngineCore) may have reaped the zombie in between. Ask again shortly instead
+                # of reporting an unknown status, which would rank this death after a peer's
+                # later SIGABRT. `at` stays the time the pidfd fired.
+                self.deferred.add(w.pid)
+                self._loop.call_later(CONNECTOR_RETRY_S, self._report, w, at, tries + 1)
+                return
+        self.deferred.discard(w.pid)
         if self._connector is not None and self._connector.interest is not None:
             self._connector.interest.discard(w.pid)
         self._on_exit(w.pid, code, sig, at)
