@@ -829,3 +829,19 @@ def test_records_glued_on_one_line_are_each_read(tmp_path: Path) -> None:
         "[b.py:2] RuntimeError: XPU out of memory. Tried to allocate 2.00 GiB\n",
     )
     assert v["cause"] == "device-oom" and (v["root"]["process"], v["root"]["pid"]) == ("Worker_TP1", 3)
+
+
+def test_consequence_lines_keep_their_line_number_under_a_long_path(tmp_path: Path) -> None:
+    """A bundle's long path (runtime/…/bundles/ID/logs/vllm.log) is shortened from the left in
+    WHAT FOLLOWED, never cut before the line number that is the point of the reference."""
+    deep = tmp_path / ("runtime-" + "x" * 40) / "bundles" / ("20261130T143443Z-i1-" + "y" * 30) / "logs"
+    deep.mkdir(parents=True)
+    shutil.copy(CASES / "qwen3-30b-worker0-died" / "vllm.log", deep / "vllm.log")
+    out = diagnose(str(deep / "vllm.log"))
+    assert out.returncode == 0, out.stderr
+    block = out.stdout.split("WHAT FOLLOWED")[1].split("\n\n")[0].splitlines()[1:]
+    refs = [ln for ln in block if not ln.strip().startswith("...")]
+    assert len(refs) >= 5, out.stdout
+    for ln in refs:
+        assert len(ln) <= 118, ln
+        assert re.search(r"\[…/logs/vllm\.log:\d+\]$", ln), ln

@@ -484,3 +484,72 @@ def test_glued_records_are_split_and_wrappers_are_not() -> None:
         "",
     ):
         assert split_glued_records(one) == [one]
+
+
+def test_nccl_warn_with_source_location_and_timestamp() -> None:
+    # NCCL 2.2x WARN lines carry "file.cc:line" before "NCCL", NCCL_DEBUG_TIMESTAMP_FORMAT a stamp
+    ev = parse_line("[2025-08-11 10:45:36] server:2699411:2699411 [0] init.cc:416 NCCL WARN Cuda failure 'x'")
+    assert (ev.source, ev.level, ev.pid, ev.text) == ("ccl", "NCCL_WARN", 2699411, "Cuda failure 'x'")
+    assert ev.time_text == "2025-08-11 10:45:36" and ev.time is not None and ev.time.minute == 45
+    ev = parse_line("server:2699411:2699411 [0] NCCL INFO init.cc:1397 -> 1")
+    assert (ev.source, ev.level, ev.extra["device_index"]) == ("ccl", "NCCL_INFO", 0)
+
+
+def test_freebsd_drm_kmod_records_are_kernel() -> None:
+    ev = parse_line("[drm ERROR :amdgpu_job_timedout] ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3")
+    assert ev.source == "kernel" and "ring gfx_0.0.0 timeout" in ev.text
+    assert parse_line("drmn0: GPU reset begin!").source == "kernel"
+    # quoted inside a vLLM record it stays the record's text
+    ev = parse_line("(APIServer pid=1) INFO 04-16 12:49:28 [x.py:1] see [drm ERROR :amdgpu_job_timedout]")
+    assert ev.source == "vllm" and ev.pid == 1
+
+
+def test_docker_stamp_over_kernel_record_with_its_own_stamp_and_indentation() -> None:
+    stamp = "2026-04-16T12:49:28.263781156Z "
+    ev = parse_line(
+        stamp
+        + "  2026-09-13T22:23:00 xe 0000:3d:00.0: [drm] Tile0: GT0: Timedout job: seqno=1 in python [2693]"
+    )
+    assert ev.source == "kernel" and ev.time_text is not None and ev.time_text.startswith("2026-09-13")
+    assert "Timedout job" in ev.text
+    # the record's wrapped continuation keeps its indentation behind the docker stamp
+    cont = parse_line(stamp + "  python [2693]")
+    assert cont.source == "text" and cont.text.startswith("  ") and cont.time_text == "2026-04-16 12:49:28"
+    # one space after the stamp is the wrapper's own: nothing is kept
+    assert parse_line(stamp + "(APIServer pid=1) INFO 04-16 12:49:28 [x.py:1] ok").text == "ok"
+
+
+def test_records_whose_line_ends_became_spaces_are_split() -> None:
+    # vllm#21661: a paste that turned line ends into spaces (vLLM records without a process prefix)
+    line = (
+        ' ERROR 11-04 18:02:56 [v1/executor/multiproc_executor.py:597] raise RuntimeError(f"NCCL error") '
+        "ERROR 11-04 18:02:56 [v1/executor/multiproc_executor.py:597] RuntimeError: NCCL error: unhandled cuda error"
+    )
+    parts = split_glued_records(line)
+    assert [parse_line(p).text for p in parts] == [
+        'raise RuntimeError(f"NCCL error")',
+        "RuntimeError: NCCL error: unhandled cuda error",
+    ]
+    # one record (behind a wrapper) is never split
+    for one in (
+        "2026-04-16T12:49:28.263781156Z ERROR 11-04 18:02:56 [x.py:1] a message",
+        "(APIServer pid=1) INFO 04-16 12:49:28 [x.py:1] ok 10 11",
+    ):
+        assert split_glued_records(one) == [one]
+
+
+def test_traceback_records_glued_after_text_are_split_on_the_prefix_alone() -> None:
+    # vast-ai/base-image#128: an API server traceback pasted with its line ends lost
+    line = (
+        '(APIServer pid=2960)     hf_raise_for_status(response)(APIServer pid=2960)   File "/x/_http.py", '
+        "line 453, in hf_raise_for_status(APIServer pid=2960) huggingface_hub.errors.RepositoryNotFoundError: 401"
+    )
+    evs = [parse_line(p) for p in split_glued_records(line)]
+    assert [e.pid for e in evs] == [2960, 2960, 2960]
+    assert evs[2].text == "huggingface_hub.errors.RepositoryNotFoundError: 401"
+    # a prefix after a space (a nested prefix, text that mentions one) is not a new record
+    one = "(APIServer pid=1) (EngineCore_DP0 pid=2) ERROR 11-04 18:02:56 [core.py:1] x"
+    assert split_glued_records(one) == [one]
+    assert split_glued_records("started the engine (worker pid=5) ok") == [
+        "started the engine (worker pid=5) ok"
+    ]

@@ -123,12 +123,15 @@ def test_unit_renders_and_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     exe = shutil.which("xpu-serve") or str(Path(sys.executable).parent / "xpu-serve")
     out = subprocess.run(
         [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--exec", exe],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     unit = out.stdout
     keys = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line)
     assert keys["Type"] == "notify"
+    # relative paths in the config (the default runtime_dir...) resolve where `unit` was run
+    assert keys["WorkingDirectory"] == str(tmp_path.resolve())
+    assert "Documentation" not in keys
     assert keys["ExecStart"] == f"{exe} up -c {cfg.resolve()}"
     assert keys["KillMode"] == "mixed"
     assert keys["Restart"] == "on-failure"

@@ -141,3 +141,160 @@ def test_exception_from_argument_or_config_checks_is_config_error(tmp_path: Path
         "create_engine_config", "forward"
     )
     assert _verdict_of(tmp_path, model)["cause"] == "process-exception"
+
+
+# ---- several incidents in one input: an operator pastes a whole journal (incident, restart, incident)
+CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+
+
+def _case_text(case: Path) -> str:
+    """Every log file of a case, joined as one paste (each ending with a newline)."""
+    out = []
+    for p in sorted(q for q in case.iterdir() if q.suffix in (".log", ".txt")):
+        t = p.read_bytes().decode("utf-8", "replace")
+        out.append(t if t.endswith("\n") else t + "\n")
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    ("first", "last"),
+    [
+        # engine hang, vLLM restarted (`non-default args:`), then worker 0 died
+        (CASES / "glm47-flash-engine-hang", CASES / "qwen3-30b-worker0-died"),
+        # device OOM, then a fresh start (banner) in which worker 0 is killed by SIGSEGV
+        (CASES / "b60-out-of-resources", CASES / "cpu-tp2-worker0-segv"),
+        # xe job timeout / engine resets on the kernel side, then a new start where worker 0 died
+        (CASES / "xe-ccs-tdr-device-lost", CASES / "qwen3-30b-worker0-died"),
+    ],
+    ids=["hang-then-death", "oom-then-segv", "gpu-fault-then-death"],
+)
+def test_two_incidents_verdict_is_about_the_last(tmp_path: Path, first: Path, last: Path) -> None:
+    t1, t2 = _case_text(first), _case_text(last)
+    first_cause = json.loads((first / "expected.json").read_text())["cause"]
+    got = _verdict_of(tmp_path, t1 + t2)
+    assert_verdict(got, json.loads((last / "expected.json").read_text()))
+    assert got["root"]["line"] > t1.count("\n")  # the root is in the second incident
+    assert any(f"earlier incident in the input ({first_cause}" in n for n in got["notes"]), got["notes"]
+
+
+def test_two_incidents_survive_log_shapes(tmp_path: Path) -> None:
+    t1, t2 = _case_text(CASES / "glm47-flash-engine-hang"), _case_text(CASES / "qwen3-30b-worker0-died")
+    expected = json.loads((CASES / "qwen3-30b-worker0-died" / "expected.json").read_text())
+    for shape, f in SHAPES.items():
+        got = _verdict_of(tmp_path, f(t1 + t2))
+        assert_verdict(got, expected)
+        assert any("engine-hang" in n for n in got["notes"]), shape
+
+
+def test_restart_without_a_later_failure_keeps_the_earlier_verdict(tmp_path: Path) -> None:
+    t1 = _case_text(CASES / "qwen3-30b-worker0-died")
+    # the next start of a real vLLM (banner .. ready), cut before its worker was killed
+    start = _case_text(CASES / "cpu-tp2-worker0-segv").split("\n")
+    ready = next(i for i, x in enumerate(start) if "Application startup complete" in x)
+    t2 = "\n".join(start[: ready + 1]) + "\n"
+    assert _verdict_of(tmp_path, t2)["cause"] == "unknown"  # the later start alone shows nothing
+    got = _verdict_of(tmp_path, t1 + t2)
+    assert_verdict(got, json.loads((CASES / "qwen3-30b-worker0-died" / "expected.json").read_text()))
+    assert got["root"]["line"] <= t1.count("\n")
+    assert any("started again" in n for n in got["notes"]), got["notes"]
+    # a real paste of that shape: the port error, then "Starting vLLM..." and a new banner
+    port = _verdict_of(tmp_path, _case_text(REPORTS / "api-server-port-in-use"))
+    assert port["cause"] == "config-error" and any("started again" in n for n in port["notes"])
+
+
+def test_log_line_quoting_a_crash_is_not_a_crash(tmp_path: Path) -> None:
+    case = CASES / "glm47-flash-engine-hang"
+    lines = _case_text(case).split("\n")
+    quoting = [
+        "(APIServer pid=1) WARNING 04-14 22:59:00 [launcher.py:88] previous engine died: Fatal Python error: "
+        "Segmentation fault",
+        "(APIServer pid=1) INFO 04-14 22:59:00 [launcher.py:90] Fatal Python error: Segmentation fault",
+        "WARNING:root:restarted after Fatal Python error: Segmentation fault",
+        "2026-04-14 22:59:01,120 - WARNING - worker log says: Fatal Python error: Aborted",
+    ]
+    got = _verdict_of(tmp_path, "\n".join(lines[:5] + quoting + lines[5:]))
+    assert_verdict(got, json.loads((case / "expected.json").read_text()))
+    # the faulthandler dump itself (the line alone, as CPython writes it) still is the root
+    dump = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+    got = _verdict_of(tmp_path, "\n".join(quoting) + "\n" + dump)
+    assert (got["cause"], got["root"]["line"]) == ("process-crash", len(quoting) + 1)
+
+
+def _merged_case_params() -> list[Any]:
+    return [
+        pytest.param(c, id=f"{c.parent.name}/{c.name}")
+        for c in [*CASE_DIRS, *REPORT_DIRS]
+        if c.name not in KNOWN_GAPS and not _WRAPPED.search(_case_text(c))
+    ]
+
+
+@pytest.mark.parametrize("case", _merged_case_params())
+def test_docker_t_over_one_file_of_kernel_and_vllm_lines(case: Path, tmp_path: Path) -> None:
+    # all files of a case in one capture (kernel records, some with their own ISO stamps and
+    # wrapped continuation lines, between vLLM lines) read back through `docker logs -t`
+    got = _verdict_of(tmp_path, SHAPES["docker-t"](_case_text(case)))
+    assert_verdict(got, json.loads((case / "expected.json").read_text()))
+
+
+def test_start_banner_after_a_kernel_log_file_is_not_a_restart(tmp_path: Path) -> None:
+    # a bundle: dmesg.txt (read first) holds the fault; vllm.log starts with vLLM's banner. Failure
+    # evidence from another file must not make the banner a restart (the verdict would lose it).
+    case = CASES / "qwen3-30b-libze-segfault"
+    dmesg = tmp_path / "dmesg.txt"
+    dmesg.write_bytes((case / "dmesg.txt").read_bytes())
+    log = tmp_path / "vllm.log"
+    banner = (
+        "(APIServer pid=9400) INFO 03-26 10:02:01 [api_server.py:1885] vLLM API server version 0.11.1\n"
+        "(APIServer pid=9400) INFO 03-26 10:02:01 [utils.py:233] non-default args: {'tensor_parallel_size': 4}\n"
+    )
+    log.write_text(banner + (case / "vllm.log").read_text())
+    got = diagnose_files([dmesg, log]).to_contract()
+    assert_verdict(got, json.loads((case / "expected.json").read_text()))
+    assert not any("started again" in n or "earlier incident" in n for n in got["notes"])
+
+
+def test_crash_dump_in_a_collective_binding_is_a_collective_failure(tmp_path: Path) -> None:
+    # faulthandler prints every thread; only the crashing ("Current thread") block's most recent
+    # frame says where the crash was
+    other = (
+        '  File "/usr/lib/python3/site-packages/vllm/model_executor/layers/linear.py", line 12 in forward\n'
+    )
+    nccl = (
+        '  File "/usr/lib/python3/site-packages/vllm/distributed/device_communicators/pynccl_wrapper.py", '
+        "line 257 in ncclAllReduce\n"
+    )
+    head = "Fatal Python error: Segmentation fault\n\n"
+    dump = head + "Thread 0x00007f74511ef700 (most recent call first):\n" + nccl
+    dump += "\nCurrent thread 0x00007f7586283630 (most recent call first):\n" + other
+    assert _verdict_of(tmp_path, dump)["cause"] == "process-crash"
+    dump = head + "Current thread 0x00007f7586283630 (most recent call first):\n" + nccl + other
+    got = _verdict_of(tmp_path, dump)
+    assert (got["cause"], got["root"]["line"]) == ("collective-failure", 1)
+    # the frame must be the block's first: a collective frame deeper in the stack is not the crash site
+    dump = head + "Current thread 0x00007f7586283630 (most recent call first):\n" + other + nccl
+    assert _verdict_of(tmp_path, dump)["cause"] == "process-crash"
+
+
+def test_only_no_progress_warnings_pasted_is_an_engine_hang(tmp_path: Path) -> None:
+    shm = "No available shared memory broadcast block found in 60 seconds. This typically happens ..."
+    lines = [f"(EngineCore_DP0 pid=1454) INFO 05-28 14:{m}:27 [shm_broadcast.py:681] {shm}" for m in (45, 46)]
+    assert _verdict_of(tmp_path, "\n".join(lines) + "\n")["cause"] == "engine-hang"
+    # one warning alone is a slow step, not a verdict
+    assert _verdict_of(tmp_path, lines[0] + "\n")["cause"] == "unknown"
+
+
+@pytest.mark.parametrize("shape", ["docker-t", "compose", "quoted", "crlf"])
+def test_kernel_lines_interleaved_with_vllm_lines_keep_the_verdict(tmp_path: Path, shape: str) -> None:
+    # one capture where the kernel records (dmesg, seconds since boot) sit between vLLM lines
+    case = CASES / "qwen3-30b-libze-segfault"
+    kernel = (case / "dmesg.txt").read_text().splitlines()
+    vllm = (case / "vllm.log").read_text().splitlines()
+    mixed: list[str] = []
+    rest = iter(kernel)
+    for i, line in enumerate(vllm):
+        mixed.append(line)
+        if i % 5 == 4:
+            mixed.extend(next(rest, "") for _ in range(3))
+    mixed.extend(rest)
+    got = _verdict_of(tmp_path, SHAPES[shape]("\n".join(x for x in mixed if x) + "\n"))
+    assert_verdict(got, json.loads((case / "expected.json").read_text()))

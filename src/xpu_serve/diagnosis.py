@@ -129,6 +129,15 @@ _DEATH_EVIDENCE = frozenset(
     }
 )
 _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
+# crash dumps a signal handler writes straight to stderr: never under a logger's INFO/WARNING
+# header (such a line reports an earlier crash, it is not one)
+_SIGNAL_DUMPS = frozenset({"fatal-python-error", "failure-signal-handler", "native-crash-dump"})
+_QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
+# the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
+# pynccl wrapper, oneCCL bindings): the crash is the collective library's
+_COLLECTIVE_FRAME_RE = re.compile(
+    r'File "[^"]*(?:pynccl|/nccl|oneccl|torch_ccl|/ccl/)[^"]*"|\bin (?:nccl|ccl)[A-Z]\w*\s*$'
+)
 
 
 # Lines whose text a client controls: uvicorn's access log ('127.0.0.1:51234 - "GET /path?query
@@ -136,6 +145,16 @@ _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
 # request logger ('Received request ID: prompt: ...', 'Generated response ID: output: ...',
 # vllm/entrypoints/logger.py RequestLogger).
 _USER_TEXT_RE = re.compile(r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response )')
+
+
+# first characters of a line that may continue a kernel record: indentation, or a digit (a
+# `docker logs -t` stamp before the indentation)
+_INDENT_FIRST = frozenset(" \t0123456789")
+
+
+def _indented(line: str) -> bool:
+    """An indented line, also behind a `docker logs -t` stamp (a kernel record's continuation)."""
+    return line[:1] in (" ", "\t") or (line[:1].isdigit() and "Z  " in line[:40])
 
 
 def death_signal(ev: Event) -> str | None:
@@ -183,7 +202,9 @@ def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
 
 
 # A GPU driver's own fault reports: they open a burst of kernel records (see _primary_gpu_fault).
-_PRIMARY_GPU_FAULTS = frozenset(("gpu-page-fault", "xe-cat-error", "xe-guc-init-failure"))
+_PRIMARY_GPU_FAULTS = frozenset(
+    ("gpu-page-fault", "xe-cat-error", "xe-guc-init-failure", "amdgpu-ring-timeout")
+)
 _DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
 
 
@@ -283,6 +304,8 @@ class Analyzer:
         self._last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
+        # (file, pid) -> (line, crash-dump roots) waiting for the dump's first Python frame
+        self._crash_wait: dict[tuple[str, int | None], tuple[int, list[Event]]] = {}
         self.pid_rank: dict[int, int] = {}
         self.pid_name: dict[int, str] = {}
         self.world_size: int | None = None
@@ -301,7 +324,7 @@ class Analyzer:
         # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
         # below), belongs to an open traceback, or continues a kernel record
         self._ac: Any = self.table.trigger_automaton(
-            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "'),
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN "),
             skip_roles=("context",),
         )
         self._stats_sig = self.table.by_id.get("stats-line")
@@ -317,6 +340,11 @@ class Analyzer:
         # on when several files of one incident are fed (diagnose_files with 2+ paths); a single
         # stream (the live log) has no copies and skips the bookkeeping (about 10% of the time)
         self.dedup = False
+        # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
+        # incident): the state of the last failed incarnation before the latest restart
+        self._earlier: Analyzer | None = None
+        self._restart_at: tuple[str, int] | None = None
+        self.restarts = 0
 
     def is_fatal(self, event: Event) -> bool:
         """True when vLLM is dead or exiting after this classified line (rows with `fatal: true`:
@@ -356,7 +384,11 @@ class Analyzer:
             self.ready = True
         if (
             (tb and (file, pid) in tb)
-            or (line[:1] in (" ", "\t") and self._last_kernel.get(file, (0,))[0] == lineno - 1)
+            or (
+                line[:1] in _INDENT_FIRST
+                and self._last_kernel.get(file, (0,))[0] == lineno - 1
+                and _indented(line)
+            )
             or self._ac is None
             or self._ac.find_matches_as_indexes(line)
         ):
@@ -459,7 +491,11 @@ class Analyzer:
                 self.ready = True
             if (
                 in_tb
-                or (line[:1] in (" ", "\t") and last_kernel.get(file, (0,))[0] == lineno - 1)
+                or (
+                    (line[:1] in _INDENT_FIRST)
+                    and last_kernel.get(file, (0,))[0] == lineno - 1
+                    and _indented(line)
+                )
                 or (idx in hitset if use_hits else (ac_find is None or bool(ac_find(line))))
             ):
                 self.lines += n
@@ -532,6 +568,8 @@ class Analyzer:
         ev.extra["_order"] = self._order
         text = ev.text
         src = ev.source
+        if self._crash_wait and text.lstrip().startswith('File "'):
+            self._crash_frame(ev, file, lineno, self._last_line.get(file))
         # time carried forward per file for lines without their own stamp (ordering only)
         t = ev.time
         if t is not None:
@@ -648,12 +686,18 @@ class Analyzer:
             # log with the prompt): anyone who reaches the port writes it, so it is never evidence
             # (a GET /x?EngineDeadError must not fail a healthy server)
             return None
+        if ev.text.lstrip().startswith("raise ") and "(" in ev.text:
+            # a traceback's source line (`raise RuntimeError(f"NCCL error: ...")`) read outside
+            # the traceback state (glued records, a paste that lost the frame line): code, not an error
+            return None
         m = self.table.match(ev, in_tb)
         if m is None:
             if ev.text.lstrip().startswith("what():"):
                 self._what_line(ev, file, lineno, None)
             return None
         sig, mt = m
+        if sig.id in _SIGNAL_DUMPS and ev.level in _QUIET_LEVELS:
+            return None
         if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
@@ -682,6 +726,8 @@ class Analyzer:
             for pe in self._pyexc_by_group.get(ev.group, ()):
                 pe.extra["subsumed"] = True
         if role == "progress":
+            if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
+                self._split_incarnation(file, lineno)
             self._progress(ev, sig, gd)
             return sig
         if role == "context":
@@ -702,6 +748,11 @@ class Analyzer:
                     ev.process = str(cd[1].extra.get("comm") or "") or None
             if sig.id == "hang-watchdog":
                 self.facts_hang = ev
+            elif sig.id in _SIGNAL_DUMPS:
+                cw = self._crash_wait.get((file, ev.pid))
+                if cw is None or lineno - cw[0] > 60:
+                    cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
+                cw[1].append(ev)
             n = self.root_counts.get(sig.id, 0)
             self.root_counts[sig.id] = n + 1
             lst = self.roots.setdefault(sig.id, [])
@@ -746,6 +797,82 @@ class Analyzer:
                 first.extra["_tkey"] = ev.extra["_tkey"]
             return True
         return False
+
+    def _is_restart(self, ev: Event, sig: Signature, file: str) -> bool:
+        """True when this start-up line begins a new incarnation of vLLM after a failure already
+        read from the same file: vLLM's first lines (`vLLM API server version`, `non-default
+        args:`) after failure evidence, or a second `Starting vLLM API server` (its first lines
+        cut off). Evidence from other files (a dmesg.txt read before the vLLM log) never splits."""
+        if sig.phase == "api" and (
+            "Starting vLLM API server" not in ev.text or not ({"api", "ready"} & self.milestones.keys())
+        ):
+            return False
+        return self._has_failure(file)
+
+    def _has_failure(self, file: str) -> bool:
+        for e in (self.facts_hang, self.stall_stats):
+            if isinstance(e, Event) and e.file == file:
+                return True
+        if isinstance(self.stall_stats, tuple) and self.stall_stats[1] == file:
+            return True
+        if any(e.role == "root" and e.file == file for evs in self.roots.values() for e in evs):
+            return True
+        return any(g.sig.extra.get("fatal") and g.first.file == file for g in self.groups.values())
+
+    # state shared by every incarnation of one input (file bookkeeping, the table)
+    _SHARED_STATE = frozenset(
+        {
+            "table",
+            "_ac",
+            "_stats_sig",
+            "_lineno",
+            "_files",
+            "_last_t",
+            "_last_line",
+            "dedup",
+            "lines",
+            "_order",
+        }
+    )
+
+    def _split_incarnation(self, file: str, lineno: int) -> None:
+        """Move the analysis so far into `_earlier` and start afresh: the verdict is about the
+        last incarnation. Containers are emptied in place (the feeding loops hold references)."""
+        prev = Analyzer.__new__(Analyzer)
+        d: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            if k not in self._SHARED_STATE and isinstance(v, (dict, list, set)):
+                d[k] = v.copy()
+                v.clear()
+            else:
+                d[k] = v
+        d["_earlier"] = None
+        prev.__dict__.update(d)
+        self._earlier = prev
+        self._restart_at = (file, lineno)
+        self.restarts += 1
+        self.ready = False
+        self.last_progress = self.last_stats = self.stall_stats = None
+        self.facts_hang = None
+        self.world_size = None
+        self._tb_check = 0
+
+    def _crash_frame(self, ev: Event, file: str, lineno: int, prev: str | None) -> None:
+        """The first Python frame of the crashing thread in a crash dump (faulthandler prints
+        "Current thread 0x... (most recent call first):" or "Stack (most recent call first):",
+        then the most recent call first; faulthandler.c): when it is in a collective library's
+        binding, the crash is that library's. Other threads' blocks ("Thread 0x...") are skipped."""
+        if prev is None or "(most recent call first)" not in prev:
+            return
+        if "Thread 0x" in prev and "Current thread" not in prev:
+            return
+        cw = self._crash_wait.pop((file, ev.pid), None)
+        if cw is None or lineno - cw[0] > 200:
+            return
+        if _COLLECTIVE_FRAME_RE.search(ev.text):
+            for cev in cw[1]:
+                cev.cause = "collective-failure"
+                cev.extra["crash_frame"] = ev.text.strip()
 
     def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
         """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
@@ -811,7 +938,32 @@ class Analyzer:
 
     # ------------------------------------------------------------------ analysis
     def incident(self) -> Incident:
-        """Analyse everything fed so far; never raises on any input."""
+        """Analyse everything fed so far; never raises on any input.
+
+        When the input holds several starts of vLLM (a restart after a failure), the verdict is
+        about the last incarnation and a note names the earlier incident; when the last
+        incarnation shows no failure, the verdict is the earlier incident's (with a note)."""
+        inc = self._incident()
+        prev = self._earlier
+        if prev is None or self._restart_at is None:
+            return inc
+        pinc = prev._incident()
+        file, line = self._restart_at
+        again = f"vLLM started again at {file} line {line}" + (
+            f" ({self.restarts} restarts in the input)" if self.restarts > 1 else ""
+        )
+        assumed = any("a stall is assumed" in n for n in inc.notes)
+        if inc.cause == "unknown" or (assumed and pinc.cause != "unknown"):
+            pinc.notes.append(f"{again} after this incident; the later start shows no failure")
+            pinc.lines_read, pinc.files = inc.lines_read, inc.files
+            return pinc
+        inc.notes.append(
+            f"an earlier incident in the input ({pinc.cause}: {pinc.summary}) was followed by a restart; "
+            f"{again}: this verdict is about the last start"
+        )
+        return inc
+
+    def _incident(self) -> Incident:
         self.last_progress = self._ref_event(self.last_progress)
         self.last_stats = self._ref_event(self.last_stats)
         self.stall_stats = self._ref_event(self.stall_stats)
@@ -853,8 +1005,10 @@ class Analyzer:
             first_hang = min(detections, key=cmp_to_key(_cmp_time))
             keep1 = []
             for e in cands:
-                if e.source == "process" and e.cause == "process-crash" and (
-                    self._before(first_hang, e) or self._same_second(first_hang, e)
+                if (
+                    e.source == "process"
+                    and e.cause == "process-crash"
+                    and (self._before(first_hang, e) or self._same_second(first_hang, e))
                 ):
                     demoted.append(e)
                 else:
@@ -946,6 +1100,17 @@ class Analyzer:
         )
         if not self.ready and cause is None and not self.milestones and n_waits >= 2:
             cause = "startup-hang"
+        if (
+            root is None
+            and cause is None
+            and not self.ready
+            and not self.milestones
+            and len(hang_precursors) >= 2
+        ):
+            # only the engine's repeated no-progress warnings were pasted (no start-up line, no
+            # ready line): people paste those when a serving engine hangs; a stall during start-up
+            # shows its start-up lines (handled above as startup-hang)
+            cause = "engine-hang"
         if not self.ready and cause in (None, "engine-hang") and self.milestones:
             if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors or n_waits >= 2:
                 cause = "startup-hang"
@@ -1133,7 +1298,8 @@ class Analyzer:
         The xe driver reports a bad access first (xe_gt_pagefault.c "Fault response", "Engine memory
         CAT error"), then bans the context and times the job out (xe_guc_submit.c "Timedout job"),
         resets the engine or the GT and, when that fails, declares the device wedged; i915 reports
-        a GuC load failure before "declaring it wedged". The later records rank higher as root
+        a GuC load failure before "declaring it wedged"; amdgpu reports the ring timeout
+        (amdgpu_job.c amdgpu_job_timedout) before its reset and "device wedged". The later records rank higher as root
         candidates because they name the process; causally the first fault is the root."""
         dev = _DRM_DEV_RE.match(root.text)
         best: Event | None = None

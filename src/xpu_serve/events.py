@@ -132,6 +132,7 @@ _SYSLOG_RE = re.compile(
 _MID_PREFIX_RE = re.compile(
     r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
 )
+_PREFIX_ONLY_RE = re.compile(r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\)")
 # oneCCL lines whose stamp was cut off or never printed ("|CCL_WARN| msg", "CCL_ERROR| msg",
 # "CCL_WARN msg" as people quote them)
 _CCL_BARE_RE = re.compile(r"\|?(CCL_(?:ERROR|WARN|INFO|DEBUG|TRACE|FATAL))(?:\| ?| )")
@@ -142,7 +143,12 @@ _ISO_SP_RE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?(?:Z|[+-]\
 _HOST_KERNEL_RE = re.compile(r"\S+ kernel: ")
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
 _TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
-_NCCL_RE = re.compile(r"(\S+):(\d+):(\d+) \[(\d+)\] NCCL (INFO|WARN|ERROR|TRACE)\s")
+# NCCL's debug lines (src/debug.cc, ncclDebugLog): "host:pid:tid [cudaDev] NCCL INFO msg"; WARN lines
+# carry "file.cc:line " before "NCCL", and NCCL_DEBUG_TIMESTAMP_FORMAT (2.23+) puts "[%F %T] " first
+_NCCL_RE = re.compile(
+    r"(?:\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]]*\] )?"
+    r"(\S+):(\d+):(\d+) \[(\d+)\] (?:[\w./-]+:\d+ )?NCCL (INFO|WARN|ERROR|TRACE)\s"
+)
 _KPRIO = ("EMERG", "ALERT", "CRIT", "ERR", "WARNING", "NOTICE", "INFO", "DEBUG")
 _MONTHS = {
     m: i
@@ -191,6 +197,9 @@ _KERNEL_MSG_RE = re.compile(
     r"(?:xe|i915|amdgpu|nouveau|pcieport|nvidia|snd_hda_intel) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d|"
     r"NVRM: |\S+\[\d+\]: segfault at |traps: |Out of memory: |oom-kill:|\S+ invoked oom-killer|"
     r"\[drm\]|\[drm:|audit: |BUG: |Call Trace:|Memory cgroup out of memory|"
+    # FreeBSD drm-kmod (LinuxKPI) prints DRM errors as "[drm ERROR :func] ..." and names the
+    # device "drmn0:" (dmesg -a, no time stamp)
+    r"\[drm (?:ERROR|WARN|INFO|DEBUG) :|drmn\d+: |"
     # i915 GPU error state (/sys/class/drm/card*/error, i915_gpu_coredump.c) pasted on its own
     r"GPU HANG: ecode "
 )
@@ -479,7 +488,18 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
                     return ev
             wrap_time = m.group(1).replace("T", " ")
             wrap_dt = _parse_iso(m.group(1))
-            text = rest
+            if rest[:1].isdigit():
+                # `docker logs -t` over a kernel record that carries its own ISO stamp
+                inner = _ISO_RE.match(rest)
+                if inner and _KERNEL_MSG_RE.match(rest[inner.end() :]):
+                    ev = parse_kernel_record(rest)
+                    if ev is not None:
+                        ev.file, ev.line = file, lineno
+                        return ev
+            # the wrapper puts one space after its stamp: more is the line's own indentation (a
+            # wrapped kernel record's continuation, a traceback frame), kept as in the unwrapped log
+            ws = m.end() - len(text[: m.end()].rstrip())
+            text = " " * (ws - 1) + rest if ws > 1 and rest else rest
             c = text[:1]
     elif c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == " ":
         m = _ISO_SP_RE.match(text)
@@ -629,17 +649,18 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     if name is None and " NCCL " in text:
         m = _NCCL_RE.match(text)
         if m:
+            nt = m.group(1)
             return Event(
                 source="ccl",
                 text=text[m.end() :],
                 raw=s,
-                pid=int(m.group(2)),
-                level="NCCL_" + m.group(5),
+                pid=int(m.group(3)),
+                level="NCCL_" + m.group(6),
                 file=file,
                 line=lineno,
-                time_text=wrap_time,
-                time=wrap_dt,
-                extra={"device_index": int(m.group(4))},
+                time_text=wrap_time or nt,
+                time=wrap_dt or (_parse_iso(nt.replace(" ", "T")) if nt else None),
+                extra={"device_index": int(m.group(5))},
             )
     if name is None and "pid=" in text:
         # a progress bar or other output without a newline before a prefixed vLLM line
@@ -686,10 +707,41 @@ def _glued_starts(line: str) -> list[int]:
     k = line.find(" pid=", 1)
     while k > 0:
         p = line.rfind("(", max(0, k - 64), k)
-        if p > 0 and _MID_PREFIX_RE.match(line, p):
+        if p > 0 and (
+            _MID_PREFIX_RE.match(line, p)
+            # glued right after the previous record's text (no space), the prefix alone is enough:
+            # a traceback pasted with its line ends lost ("...(response)(APIServer pid=7)   File ...")
+            or (not line[p - 1].isspace() and _PREFIX_ONLY_RE.match(line, p))
+        ):
             starts.append(p)
         k = line.find(" pid=", k + 5)
     return sorted(set(starts))
+
+
+# a vLLM record header inside a line, after a space: where a paste that turned line ends into
+# spaces put the next record ("... self.all_reduce(data) ERROR 11-04 18:02:56 [file.py:597] ...")
+_INLINE_HDR_RE = re.compile(
+    r"(?<=\s)(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[[\w./<>-]+:\d+\] "
+)
+
+
+def _spaced_records(line: str) -> list[str]:
+    """Records of a line whose line ends became spaces: split before every vLLM record header but
+    the first (text before the first header is a wrapper or the end of an earlier record, kept
+    with it). [line] when the line holds fewer than two headers."""
+    hs = [m.start() for m in _INLINE_HDR_RE.finditer(line)]
+    if line[:1] != " " and _VLLM_RE.match(line):
+        hs.insert(0, 0)
+    if len(hs) < 2:
+        return [line]
+    out = [line[: hs[1]].rstrip()]
+    for a, b in zip(hs[1:], [*hs[2:], len(line)], strict=True):
+        out.append(line[a:b].rstrip())
+    if out[0].strip() == "":
+        out.pop(0)
+    elif out[0][:1] == " " and _VLLM_RE.match(out[0].lstrip()):
+        out[0] = out[0].lstrip()
+    return out
 
 
 def split_glued_records(line: str) -> list[str]:
@@ -697,9 +749,13 @@ def split_glued_records(line: str) -> list[str]:
     |CCL_WARN| ...", "loading(Worker_TP1 pid=3) ERROR ...") into one string per record, in order.
     A wrapper or a nested vLLM prefix before a record ("(APIServer pid=1) (EngineCore_DP0 pid=2)
     ERROR ...", "vllm-1  | (APIServer pid=1) ...") is not a second record.
+    Records whose line ends became single spaces ("... ERROR 11-04 18:02:56 [x.py:1] a ERROR
+    11-04 18:02:56 [x.py:1] b") are split before each vLLM record header too.
     Returns [line] when nothing is glued. Never raises."""
     starts = _glued_starts(line)
     if not starts:
+        if " 0" in line or " 1" in line:  # cheap pre-check: a header holds " MM-DD"
+            return _spaced_records(line)
         return [line]
     out: list[str] = []
     start = 0

@@ -57,6 +57,24 @@ def _where(d: dict[str, Any]) -> str:
     return f"{d['file']}:{d['line']}"
 
 
+def _cut_keeping_where(line: str, n: int) -> str:
+    """`line` ("LABEL xN on ranks 1-3  [FILE:LINE]") in at most `n` characters without losing
+    the line number: a long FILE keeps its last two path parts ("…/logs/vllm.log:108"), then the
+    label is cut."""
+    if len(line) <= n or not line.endswith("]") or "  [" not in line:
+        return _cut(line, n)
+    head, where = line[:-1].rsplit("  [", 1)
+    path, sep, lineno = where.rpartition(":")
+    if sep and len(head) + len(where) + 3 > n:
+        parts = path.split("/")
+        if len(parts) > 2:
+            where = "…/" + "/".join(parts[-2:]) + sep + lineno
+    room = n - len(where) - 3
+    if room < 12:
+        return _cut(line, n)
+    return f"{_cut(head, room)}  [{where}]"
+
+
 def group_consequences(inc: Incident) -> list[str]:
     """One line per consequence signature: "LABEL xN on ranks 1-3 (first at FILE:LINE)"."""
     by_sig: dict[str, dict[str, Any]] = {}
@@ -150,7 +168,7 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
         out.append("")
         out.append("WHAT FOLLOWED (consequences, not causes):")
         for line in cons[:10]:
-            out.append(f"  {_cut(line, width - 4)}")
+            out.append(f"  {_cut_keeping_where(line, width - 4)}")
         if len(cons) > 10:
             more = len(cons) - 10
             out.append(f"  ... and {more} more kind{'s' if more > 1 else ''} (see --json)")

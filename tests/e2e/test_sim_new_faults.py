@@ -110,8 +110,11 @@ def test_new_fault_recorded_and_restarted(
     # every rank's /dev/shm segment of incarnation 1 was removed, even when a rank failed in its
     # first moments (proven by the distributed-init id our own processes printed)
     cleaned = [e for e in up.events() if e.get("event") == "cleaned"][0]
-    assert not [k for k in cleaned.get("kept") or {} if k.startswith("/dev/shm/vllm_dist_")], cleaned
-    assert len([r for r in cleaned["removed"] if r.startswith("/dev/shm/vllm_dist_")]) >= 4, cleaned
+    removed = [r for r in cleaned["removed"] if r.startswith("/dev/shm/vllm_dist_")]
+    assert len(removed) >= 4, cleaned
+    # (segments of other runs on this host, e.g. a parallel suite, are kept: not proven ours)
+    ours = {r.split("-")[0] for r in removed}
+    assert not [k for k in cleaned.get("kept") or {} if k.split("-")[0] in ours], cleaned
     if kernel:
         assert "Timedout job" in kern.read_text()
     # incarnation 2 (no fault) serves

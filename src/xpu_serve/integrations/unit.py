@@ -15,6 +15,9 @@ Choices, each for a reason (systemd.service(5), systemd.kill(5), systemd.unit(5)
   longer than `StartLimitBurst` x (`RestartSec` + start timeout), so the limit can really trip.
 - `RestartPreventExitStatus=4`: exit 4 means a failure a restart cannot fix (config error).
 - `SupplementaryGroups=render video`: access to /dev/dri render nodes without running as root.
+- `WorkingDirectory=` the directory `unit` was run in: relative paths in the config (runtime_dir,
+  model, engine command) resolve as they did when the operator ran `up` there by hand (systemd's
+  default is `/`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,17 @@ from typing import Any
 from xpu_serve import exitcodes
 
 WATCHDOG_SEC = 30
+
+
+def _unit_path(p: Path) -> str:
+    """A path as a unit-file value: "%" escaped as "%%" (a specifier otherwise, systemd.unit(5))."""
+    return str(p).replace("%", "%%")
 START_LIMIT_BURST = 3
 
 
-def render_unit(config: Any, config_path: Path, exec_path: str, user: str | None = None) -> str:
+def render_unit(
+    config: Any, config_path: Path, exec_path: str, user: str | None = None, cwd: Path | None = None
+) -> str:
     """Return the text of a `.service` unit.
 
     Args:
@@ -38,6 +48,7 @@ def render_unit(config: Any, config_path: Path, exec_path: str, user: str | None
         config_path: the config file (made absolute in `ExecStart=`).
         exec_path: absolute path of the `xpu-serve` executable.
         user: run as this user (with the render/video groups), or root when None.
+        cwd: `WorkingDirectory=` (default: the current directory, made absolute).
     """
     sup = config.supervision
     start_timeout = int(math.ceil(sup.startup.timeout_s + 120))
@@ -50,7 +61,6 @@ def render_unit(config: Any, config_path: Path, exec_path: str, user: str | None
     lines = [
         "[Unit]",
         f"Description=xpu-serve: vLLM {name} (tensor parallel {config.engine.tensor_parallel_size})",
-        "Documentation=man:systemd.service(5)",
         "After=network-online.target",
         "Wants=network-online.target",
         f"StartLimitIntervalSec={limit_interval}",
@@ -60,6 +70,7 @@ def render_unit(config: Any, config_path: Path, exec_path: str, user: str | None
         "Type=notify",
         "NotifyAccess=main",
         "ExecStart=" + " ".join(shlex.quote(c) for c in cmd),
+        f"WorkingDirectory={_unit_path(Path(cwd or Path.cwd()).resolve())}",
         "ExecReload=/bin/kill -HUP $MAINPID",
         f"TimeoutStartSec={start_timeout}",
         f"TimeoutStopSec={stop_timeout}",
