@@ -41,8 +41,8 @@ def test_bundles_list_show_path(tmp_path: Path, py_child: subprocess.Popen[bytes
     ctx = FakeCtx(4, make_config(tar=True), rt, time.time() - 10, time.time() - 5,
                   {py_child.pid: ProcessInfo("APIServer", py_child.pid)})
     first = write_incident_bundle(ctx, trigger(), INCIDENT, "REPORT-ONE\n", None)
-    second = write_incident_bundle(ctx, trigger(), {**INCIDENT, "cause": "gpu-fault", "summary": "engine reset"},
-                                   "REPORT-TWO\n", None)
+    second = write_incident_bundle(ctx, trigger(), {**INCIDENT, "cause": "gpu-fault", "summary": "engine reset "
+                                   + "consequences " * 12}, "REPORT-TWO\n", None)
     assert first.path and second.path
 
     r = cli("bundles", "--runtime-dir", str(rt), "list")
@@ -51,6 +51,7 @@ def test_bundles_list_show_path(tmp_path: Path, py_child: subprocess.Popen[bytes
     assert lines[0].split()[:3] == ["ID", "CAUSE", "INC"]
     assert lines[1].startswith(first.path.name) and "umd-segfault" in lines[1] and " yes " in lines[1]
     assert lines[2].startswith(second.path.name) and "gpu-fault" in lines[2] and "engine reset" in lines[2]
+    assert lines[2].endswith("consequences…")  # a long summary is cut between words
 
     r = cli("bundles", "list", "--json", "--runtime-dir", str(rt))
     data = json.loads(r.stdout)
@@ -67,7 +68,7 @@ def test_bundles_list_show_path(tmp_path: Path, py_child: subprocess.Popen[bytes
     r = cli("bundles", "--runtime-dir", str(rt), "path", "--tar", first.path.name)
     assert r.stdout.strip() == f"{first.path}.tar.gz" and Path(r.stdout.strip()).is_file()
     r = cli("bundles", "--runtime-dir", str(rt), "show", "--json", "gpu-fault")  # a unique substring
-    assert json.loads(r.stdout)["incident"]["summary"] == "engine reset"
+    assert json.loads(r.stdout)["incident"]["summary"] == "engine reset " + "consequences " * 12
 
     for args, msg in [(("show", "nope"), "no bundle matches 'nope'"),
                       (("path",), "an ID is required"),
@@ -94,6 +95,8 @@ def test_bundle_standalone_from_state_json(tmp_path: Path, py_child: subprocess.
     inc = json.loads((path / "incident.json").read_text())
     assert inc["supervisor"]["trigger"]["kind"] == "operator"
     assert "operator looked at it" in inc["notes"] and inc["supervisor"]["restarts"] == 6
+    summary = (path / "summary.md").read_text()
+    assert "ready to snapshot:" in summary and "ready to failure" not in summary
     assert "very_distinct_function_name" in (path / "stacks" / f"{py_child.pid}-APIServer.txt").read_text()
     assert (path / "logs" / "vllm.log").read_text() == "(APIServer pid=1) INFO hello\n"
 

@@ -86,6 +86,8 @@ BAD = [
         "known: arc-b60-tp, sycl-jit-cache",
     ),
     ("duplicate-key", "engine:\n  model: m\n  port: 1\n  port: 2\n", "4: engine.port: duplicate key"),
+    # a duplicated section hides the first one: the duplicate is the one line, not "model missing"
+    ("duplicate-section", "engine:\n  model: m\nengine:\n  port: 1\n", "3: engine: duplicate key"),
     (
         "empty-file",
         "",

@@ -572,7 +572,9 @@ def test_bundle_directory_reads_vllm_log_and_kernel_log(tmp_path: Path) -> None:
     got = json.loads(whole.stdout)
     files = diagnose("--json", str(b / "logs" / "vllm.log"), str(b / "kernel.log"))
     ref = json.loads(files.stdout)
-    assert got == ref  # the per-process copies are not read
+    live = [n for n in got["notes"] if "the supervisor also saw these exits" in n]
+    got["notes"] = [n for n in got["notes"] if n not in live]
+    assert got == ref  # the per-process copies are not read (only the live exits are noted)
     assert got["cause"] == "process-crash"
     assert (got["root"]["process"], got["root"]["rank"], got["root"]["pid"]) == ("Worker_TP0", 0, 9135)
     assert got["summary"] == (
@@ -845,3 +847,17 @@ def test_consequence_lines_keep_their_line_number_under_a_long_path(tmp_path: Pa
     for ln in refs:
         assert len(ln) <= 118, ln
         assert re.search(r"\[…/logs/vllm\.log:\d+\]$", ln), ln
+
+
+def test_bundle_diagnosis_names_the_exits_the_supervisor_saw_live() -> None:
+    """Live, the supervisor's own process-exit facts were part of the verdict; a bundle's logs do
+    not hold them, so `diagnose BUNDLE` says which they were (from incident.json) instead of
+    silently counting fewer consequences."""
+    out = diagnose("--json", str(BUNDLE))
+    assert out.returncode == 0, out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    live = [n for n in notes if "the supervisor also saw these exits" in n]
+    assert len(live) == 1, notes
+    assert "Worker_TP0 (pid 9135) killed by SIGSEGV" in live[0] and "EngineCore (pid 9128) exit code 1" in live[0]
+    plain = diagnose("--json", str(BUNDLE / "logs" / "vllm.log"))
+    assert not [n for n in json.loads(plain.stdout)["notes"] if "supervisor also saw" in n]

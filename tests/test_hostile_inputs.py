@@ -93,3 +93,32 @@ def test_status_on_a_fifo_or_huge_state_file(tmp_path: Path) -> None:
     r = _xs("status", "--runtime-dir", str(rt))
     assert r.returncode == exitcodes.USAGE
     assert "larger than" in r.stderr and len(r.stdout) < 1000
+
+
+def test_empty_runtime_dir_and_non_finite_stop_timeout_are_usage_errors(tmp_path: Path) -> None:
+    # `--runtime-dir "$UNSET"` used to mean "no option": `up` then ran in the config's (relative)
+    # runtime_dir while `status`/`stop` looked at /var/lib/xpu-serve; `stop --timeout nan` waited
+    # for ever. Now each is one line and exit 2, before anything is started or signalled.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"engine: {{model: m, command: [/bin/true]}}\nruntime_dir: {tmp_path / 'rt'}\n")
+    for args in (
+        ("up", "-c", str(cfg), "--runtime-dir", ""),
+        ("status", "--runtime-dir", " "),
+        ("stop", "--runtime-dir", ""),
+        ("bundles", "list", "--runtime-dir", ""),
+        ("stop", "--runtime-dir", str(tmp_path), "--timeout", "nan"),
+        ("stop", "--runtime-dir", str(tmp_path), "--timeout", "-1"),
+    ):
+        r = _xs(*args, timeout=20)
+        assert r.returncode == exitcodes.USAGE, (args, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].endswith(
+            ("must not be empty", "got 'nan'", "got '-1'")
+        ), (args, r.stderr)
+    assert not (tmp_path / "rt").exists()  # `up` started nothing
+
+
+def test_diagnose_read_error_names_the_file() -> None:
+    # reading /proc/self/mem from offset 0 fails with EIO: the line used to name "-" (stdin)
+    r = _xs("diagnose", "/proc/self/mem")
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip() == "xpu-serve diagnose: /proc/self/mem: cannot read: Input/output error"

@@ -827,6 +827,102 @@ def test_relay_disk_full_degrades_counts_and_marks(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def test_rotation_with_a_huge_backups_count_costs_only_the_files_that_exist(tmp_path: Path) -> None:
+    # backups=100000 and 30 rotations, in the relay and in the per-process files: a rotation
+    # used to try a rename of every name up to `backups` (~1 s each here at 100000), now only
+    # of the backups that exist. Every line is kept, newest last, in contiguous backups.
+    script = "import sys\nfor i in range(3000): sys.stdout.write(f'(EngineCore pid=3) line {i:08d} ' + 'y' * 20 + '\\n')"
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, max_bytes=5_000, backups=100_000)
+    t0 = time.monotonic()
+    try:
+        with child([sys.executable, "-c", script]) as p:
+            pump.start(p.stdout, p.stderr)
+            assert pump._relay is not None
+            assert pump.wait_eof(60)
+    finally:
+        stats = pump.close()
+    took = time.monotonic() - t0
+    for name in ("vllm.log", "EngineCore.log"):
+        parts = sorted(logs.glob(name + ".*"), key=lambda q: -int(q.suffix[1:]))
+        assert [int(q.suffix[1:]) for q in parts] == list(range(len(parts), 0, -1)) and len(parts) >= 30
+        text = b"".join(q.read_bytes() for q in [*parts, logs / name]).decode()
+        assert [int(ln.split()[3]) for ln in text.splitlines()] == list(range(3000)), name
+    assert stats.lines == 3000
+    assert took < 10, took  # (was > 60 s: 2 x 30 rotations x 100000 renames tried)
+
+
+def test_relay_keeps_writing_and_rotating_in_its_directory_after_it_was_moved(tmp_path: Path) -> None:
+    # The next supervisor run moves logs/N aside (logs/N.prev) while an old relay may still drain
+    # an orphan's pipes: that relay writes and rotates in the moved directory; the new run's
+    # logs/N (here a vllm.log of its own) is never renamed or written to.
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, max_bytes=10_000, backups=50)
+    r, w = os.pipe()
+    pump.start(r)
+    try:
+        assert pump._relay is not None
+        os.write(w, b"".join(b"old %06d %s\n" % (i, b"o" * 40) for i in range(100)))
+        assert pump.flush(10)
+        logs.rename(tmp_path / "logs.prev")
+        logs.mkdir()
+        (logs / "vllm.log").write_bytes(b"NEW RUN\n")
+        for k in range(100, 2000, 100):  # ~100 kB more: rotations in the moved directory
+            os.write(w, b"".join(b"old %06d %s\n" % (i, b"o" * 40) for i in range(k, k + 100)))
+        assert pump.flush(10)
+    finally:
+        os.close(w)
+        pump.close()
+    # (the per-process files are this process's: a dead supervisor writes none)
+    assert sorted(q.name for q in logs.glob("vllm.log*")) == ["vllm.log"]
+    assert (logs / "vllm.log").read_bytes() == b"NEW RUN\n"
+    prev = tmp_path / "logs.prev"
+    parts = sorted(prev.glob("vllm.log.*"), key=lambda q: -int(q.suffix[1:])) + [prev / "vllm.log"]
+    assert len(parts) > 5
+    nums = [int(ln.split()[1]) for q in parts for ln in q.read_text().splitlines()]
+    assert nums == list(range(2000))
+
+
+def _deleted_fds(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.endswith(" (deleted)") and "/logs/" in target:
+                out.append(target)
+    return out
+
+
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "threads"])
+def test_deleted_log_files_are_started_again_not_kept_open(tmp_path: Path, relay: bool) -> None:
+    # An operator frees a full disk with `rm -rf RUNTIME/logs/N` while the engine runs: the pump
+    # used to keep writing into the deleted files (their blocks never freed, every later line
+    # lost); within a second it starts new ones (the directory made again) and lets the old go.
+    logs = tmp_path / "logs"
+    pump = LogPump(logs, 1, relay=relay)
+    r, w = os.pipe()
+    pump.start(r)
+    try:
+        assert (pump._relay is not None) == relay
+        os.write(w, b"(EngineCore pid=3) INFO before\n")
+        assert pump.flush(10)
+        import shutil
+
+        shutil.rmtree(logs)
+        time.sleep(1.1)
+        for i in range(5):
+            os.write(w, b"(EngineCore pid=3) INFO after %d\n" % i)
+            assert pump.flush(10)
+            time.sleep(0.3)
+        pids = [os.getpid()] + ([pump._relay.pid] if pump._relay is not None else [])
+        assert not [d for p in pids for d in _deleted_fds(p)]
+    finally:
+        os.close(w)
+        pump.close()
+    for name in ("vllm.log", "EngineCore.log"):
+        assert lines_of(logs / name) == [f"(EngineCore pid=3) INFO after {i}" for i in range(5)], name
+
+
 BOTH_LINES = r"""
 # Line i goes to stdout (2 in 3) or stderr; a stdout line has only [a-z-], a stderr line only
 # [A-Z_] (its number spelled in letters), so a line mixing both would show.
@@ -1128,3 +1224,68 @@ def test_relay_keeps_vllm_log_going_after_the_supervisor_is_killed(tmp_path: Pat
     assert len(data) == want, len(data)
     assert data.endswith(b"\nabcdefgEND\n")  # (head cut the last line: 40,000,000 = 11 x 3,636,363 + 7)
     assert data[:11] == b"abcdefghij\n"
+
+
+def test_line_numbers_and_drop_marker_range_stay_exact_after_a_disk_error(tmp_path: Path) -> None:
+    # A full disk (real tmpfs, root only), then room again, then a burst whose forwarding drops:
+    # lines vllm.log could not take must not take line numbers there, so every callback lineno
+    # and the drop marker's "vllm.log has them (lines A-Z)" still point at the right lines of the
+    # file (they used to be off by the number of lines missed during the disk error).
+    mnt = tmp_path / "tiny"
+    if not _mount_tiny_tmpfs(mnt, "40m"):
+        pytest.skip("needs root to mount a tmpfs")
+    go = threading.Event()
+    go.set()
+    try:
+        filler = mnt / "filler"
+        filler.write_bytes(b"f" * (40 * 1024 * 1024 - 384 * 1024))
+        logs = mnt / "logs"
+        got = Collect()
+
+        def cb(line: str, k: int) -> None:
+            got(line, k)
+            go.wait(30)
+
+        pump = LogPump(logs, 8, echo=io.StringIO(), on_line=cb, retry_interval_s=0.05, buffer_cap_bytes=64 * 1024)
+        one = "(EngineCore pid=3) INFO one {:06d} " + "e" * 64
+        two = "(EngineCore pid=3) INFO two {:06d} " + "t" * 64
+        r, w = os.pipe()
+        pump.start(r)
+        try:
+            for i in range(0, 6000, 500):  # 600 kB > the room left
+                os.write(w, "".join(one.format(j) + "\n" for j in range(i, i + 500)).encode())
+            assert pump.flush(10)
+            assert pump.stats().write_errors > 0
+            filler.unlink()
+            time.sleep(0.1)
+            os.write(w, b"(EngineCore pid=3) INFO after\n")
+            assert pump.flush(10)
+            go.clear()  # the supervisor side stalls: the forwarding of the next burst drops
+            blk = "".join(two.format(j) + "\n" for j in range(240_000)).encode()  # 24 MB: more than the queues and the pipe hold
+            view = memoryview(blk)
+            while view:
+                view = view[os.write(w, view[:65536]) :]
+            assert pump.flush(1)  # (in vllm.log; the callback is still blocked)
+            go.set()
+        finally:
+            go.set()
+            os.close(w)
+            stats = pump.close()
+        text = (logs / "vllm.log").read_bytes().decode().split("\n")
+        assert stats.dropped_lines > 0 and stats.log_missed_lines > 0
+        in_file = [(k, ln) for k, ln in got.lines if ln == "(EngineCore pid=3) INFO after" or "two" in ln]
+        assert in_file and all(text[k - 1] == ln for k, ln in in_file), [
+            (k, ln[:40], text[k - 1][:40]) for k, ln in in_file if text[k - 1] != ln
+        ][:3]
+        ranges = [
+            (int(m.group(1)), int(m.group(2)))
+            for m in re.finditer(r"vllm\.log has them \(lines (\d+)-(\d+)\)", (logs / "EngineCore.log").read_text())
+        ]
+        assert ranges, [ln for ln in (logs / "EngineCore.log").read_text().splitlines() if "xpu-serve" in ln]
+        seen = {ln for _, ln in got.lines}
+        for a, b in ranges:
+            span = text[a - 1 : b]
+            assert span and all(ln.startswith("(EngineCore pid=3) INFO two ") and ln not in seen for ln in span)
+            assert text[a - 2] in seen and (b >= len(text) - 1 or text[b] in seen)  # exactly the dropped lines
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -210,6 +210,12 @@ def test_exit_burst_ranking_and_the_exiting_flag() -> None:
     assert min(burst, key=_exit_rank).process == "APIServer"
     assert min(burst[:2], key=_exit_rank).process == "EngineCore"  # unknown before a clean exit
     assert min([*burst, t("Worker_TP2", 1.5, code=1)], key=_exit_rank).process == "Worker_TP2"
+    # dated alike (still exiting when a peer's exit came): the outside kill or the fault, not the
+    # abort it caused, whichever was reported first; a later fault stays after an earlier abort
+    alike = [t("Worker_TP3", 4.0, sig="SIGABRT"), t("Worker_TP0", 4.0, sig="SIGKILL"), t("Worker_TP1", 4.0, code=1)]
+    assert min(alike, key=_exit_rank).process == "Worker_TP0"
+    assert min([*alike[:1], t("Worker_TP2", 4.0, sig="SIGSEGV")], key=_exit_rank).process == "Worker_TP2"
+    assert min([*alike[:1], t("Worker_TP0", 4.1, sig="SIGSEGV")], key=_exit_rank).process == "Worker_TP3"
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

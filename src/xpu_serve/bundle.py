@@ -503,14 +503,15 @@ def _write_manifest(
 
 def _summary(bid: str, incident: dict[str, Any], trigger: Trigger, facts: dict[str, Any], report: str) -> str:
     d = facts["durations_s"]
+    end = "snapshot" if trigger.kind == "operator" else "failure"  # (an operator's `xpu-serve bundle`)
     lines = [
         f"# xpu-serve bundle {bid}",
         "",
         f"- cause: **{incident.get('cause', 'unknown')}**: {incident.get('summary') or ''}".rstrip(),
         f"- trigger: {trigger.kind}: {trigger.detail} (at {facts['trigger']['at_iso']})",
         f"- incarnation {facts['incarnation']}, restarts before it: {facts['restarts'] if facts['restarts'] is not None else 'unknown'}",
-        f"- start to ready: {d['start_to_ready']} s; ready to failure: {d['ready_to_failure']} s; "
-        f"start to failure: {d['start_to_failure']} s",
+        f"- start to ready: {d['start_to_ready']} s; ready to {end}: {d['ready_to_failure']} s; "
+        f"start to {end}: {d['start_to_failure']} s",
         f"- config: {facts['config_hash'] or 'not available'}",
         "",
         "## Report",

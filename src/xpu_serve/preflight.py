@@ -133,26 +133,55 @@ def check_model(cfg: Config) -> Finding:
     )
 
 
-def _port_owner(port: int) -> str:
+def _listener(port: int) -> int | None:
+    """Pid of the process listening on TCP `port` (psutil; None when unknown or not allowed)."""
     import psutil
 
     try:
         for c in psutil.net_connections(kind="inet"):
             if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                try:
-                    return f" by pid {c.pid} ({psutil.Process(c.pid).name()})"
-                except psutil.Error:
-                    return f" by pid {c.pid}"
+                return int(c.pid)
     except (psutil.Error, OSError):
         pass
-    return ""
+    return None
 
 
-def check_port(host: str, port: int, what: str = "port") -> Finding:
+def _port_owner(pid: int | None) -> str:
+    import psutil
+
+    if pid is None:
+        return ""
+    try:
+        return f" by pid {pid} ({psutil.Process(pid).name()})"
+    except psutil.Error:
+        return f" by pid {pid}"
+
+
+def _running_here(runtime_dir: str | Path | None) -> tuple[int, set[int]] | None:
+    """(supervisor pid, its engine's pids) of the live supervisor holding `runtime_dir`'s lock,
+    from RUNTIME/state.json; None when no supervisor runs there. Never raises."""
+    from xpu_serve.state import lock_holder, read_state
+
+    if runtime_dir is None:
+        return None
+    try:
+        sup = lock_holder(Path(runtime_dir).expanduser())
+        st = read_state(Path(runtime_dir).expanduser()) if sup else None
+    except (OSError, ValueError):
+        return None
+    if not sup or sup == os.getpid() or not isinstance(st, dict):
+        return None
+    pids = {p["pid"] for p in st.get("processes") or [] if isinstance(p, dict) and isinstance(p.get("pid"), int)}
+    return sup, pids
+
+
+def check_port(host: str, port: int, what: str = "port", runtime_dir: str | Path | None = None) -> Finding:
     """Nothing listens on host:port: a bind with SO_REUSEADDR (as uvicorn does) succeeds.
 
     SO_REUSEADDR lets the bind succeed over sockets in TIME_WAIT, which do not stop vLLM either;
-    a listening socket still makes it fail with EADDRINUSE.
+    a listening socket still makes it fail with EADDRINUSE. When the listener is the engine of
+    the supervisor running on `runtime_dir` (this config's own server, e.g. `check` while `up`
+    serves), the finding is "ok" and says so.
     """
     bind_host = host or "0.0.0.0"
     try:
@@ -166,7 +195,16 @@ def check_port(host: str, port: int, what: str = "port") -> Finding:
             s.bind(addr)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                return Finding("error", what, f"{bind_host}:{port} is in use{_port_owner(port)}")
+                owner = _listener(port)
+                here = _running_here(runtime_dir)
+                if here is not None and owner is not None and owner in here[1]:
+                    return Finding(
+                        "ok",
+                        what,
+                        f"{bind_host}:{port} is served by this config's running server (pid {owner}, "
+                        f"xpu-serve supervisor pid {here[0]})",
+                    )
+                return Finding("error", what, f"{bind_host}:{port} is in use{_port_owner(owner)}")
             if e.errno == errno.EADDRNOTAVAIL:
                 return Finding("error", what, f"{bind_host} is not an address of this machine")
             if e.errno == errno.EACCES:
@@ -424,7 +462,7 @@ def preflight(
     out: list[Finding] = [
         check_engine(cfg, env),
         check_model(cfg),
-        check_port(cfg.engine.host, cfg.engine.port),
+        check_port(cfg.engine.host, cfg.engine.port, runtime_dir=runtime_dir or cfg.runtime_dir),
     ]
     if cfg.metrics.enabled:
         mhost, _, mport = cfg.metrics.listen.rpartition(":")

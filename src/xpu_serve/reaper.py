@@ -21,11 +21,14 @@ import os
 from collections.abc import Iterable
 
 
-def zombie_children(parent: int | None = None, sessions: Iterable[int] | None = None) -> list[int]:
+def zombie_children(
+    parent: int | None = None, sessions: Iterable[int] | None = None, also: Iterable[int] = ()
+) -> list[int]:
     """Pids of zombie (state Z) processes whose parent is `parent` (default: this process) and,
-    when `sessions` is given, whose session id is one of them."""
+    when `sessions` is given, whose session id is one of them or whose pid is in `also`."""
     me = os.getpid() if parent is None else parent
     sids = None if sessions is None else set(sessions)
+    extra = set(also)
     out: list[int] = []
     try:
         names = os.listdir("/proc")
@@ -43,7 +46,7 @@ def zombie_children(parent: int | None = None, sessions: Iterable[int] | None = 
         try:
             if len(rest) < 4 or rest[0] != b"Z" or int(rest[1]) != me:
                 continue
-            if sids is not None and int(rest[3]) not in sids:
+            if sids is not None and int(rest[3]) not in sids and int(name) not in extra:
                 continue
         except ValueError:
             continue
@@ -51,15 +54,19 @@ def zombie_children(parent: int | None = None, sessions: Iterable[int] | None = 
     return out
 
 
-def reap_orphans(protected: Iterable[int] = (), sessions: Iterable[int] | None = None) -> list[int]:
+def reap_orphans(
+    protected: Iterable[int] = (), sessions: Iterable[int] | None = None, also: Iterable[int] = ()
+) -> list[int]:
     """Reap every zombie child of this process except `protected` pids (and, when `sessions` is
-    given, only those in one of these session ids); returns the reaped pids.
+    given, only those in one of these session ids or in `also`: pids the supervisor proved its
+    own and stopped, e.g. a detached grandchild that left the engine's session with setsid);
+    returns the reaped pids.
 
     Never raises: a child reaped meanwhile by someone else is skipped.
     """
     keep = set(protected)
     reaped: list[int] = []
-    for pid in zombie_children(sessions=sessions):
+    for pid in zombie_children(sessions=sessions, also=also):
         if pid in keep:
             continue
         try:

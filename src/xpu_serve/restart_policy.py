@@ -60,7 +60,8 @@ class Decision:
     Attributes:
         action: "restart" or "give-up".
         delay_s: seconds to wait before the next start (0.0 when giving up or planned).
-        reason: one line for people, e.g. "failure 3 of 5 within 1800 s; backoff 14.2 s (ceiling 20 s)".
+        reason: one line for people, e.g. "failure 3 of 5 within 1800 s; backoff 14.2 s (drawn between 5 and 20 s;
+            x2 per failure in a row, up to 300 s)".
         failures_in_window: failures counted inside `failure_window_s`, this one included
             (0 for a planned restart that is not a failure... unless earlier ones are still in the window).
         attempt: 0-based position of this failure in the current backoff series (the exponent n).
@@ -152,7 +153,8 @@ class RestartPolicy:
             "restart",
             delay,
             f"failure {in_window} of {self.cfg.max_failures} within {self.cfg.failure_window_s:g} s; "
-            f"backoff {delay:.1f} s (ceiling {ceiling:g} s)",
+            f"backoff {delay:.1f} s (drawn between {floor:g} and {ceiling:g} s; x{self.cfg.multiplier:g} per "
+            f"failure in a row, up to {self.cfg.max_delay_s:g} s)",
             in_window,
             attempt=n,
             ceiling_s=ceiling,

@@ -130,14 +130,19 @@ def write_state(runtime_dir: Path, data: dict[str, Any]) -> str:
 
     Normally atomic (temp file in the same directory, fsync, rename): readers see the old or the
     new file. The file is padded with spaces to a multiple of STATE_PAD_BYTES; when the temp file
-    cannot be written for lack of space (ENOSPC, EDQUOT) and the new content fits in the existing
-    file, the existing file is overwritten in place (one pwrite, fsync: no new blocks needed), and
+    cannot be created or written for lack of space or inodes (ENOSPC, EDQUOT) and the new content
+    fits in the existing file, the existing file is overwritten in place (one pwrite, fsync: no new blocks needed), and
     "in-place" is returned; a reader may then see a torn file for an instant (`read_state`
     retries). Raises OSError when neither works.
     """
     runtime_dir = Path(runtime_dir)
     payload = _padded(data)
-    fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=runtime_dir)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=runtime_dir)
+    except OSError as e:  # no inode left for the temp file (ENOSPC too): in place, as below
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _write_in_place(runtime_dir / STATE_FILE, payload):
+            raise
+        return "in-place"
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,35 @@ EXIT_WINDOW_S = 0.15
 # uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
+
+
+def set_aside_old_logs(log_dir: Path) -> Path | None:
+    """Move RUNTIME/logs/N left by an earlier supervisor run out of the way; returns where to.
+
+    Every run numbers its incarnations from 1, so without this a new run (a systemd restart, the
+    next `up` after a kill -9) appended to the old run's ``logs/1/vllm.log`` and per-process files:
+    its line numbers (`LogPump.locate`, evidence) pointed at the old run's lines and its bundles
+    carried the old run's crash as if it were this one's. A non-empty `log_dir` becomes
+    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept); a log relay
+    of the old run still draining an orphan's pipes writes on into the moved file. None when there
+    was nothing to move or the move failed (read-only or broken runtime directory: the old
+    behaviour, appending)."""
+    try:
+        with os.scandir(log_dir) as it:
+            if next(it, None) is None:
+                return None
+    except OSError:  # (absent, not a directory: mkdir says what is wrong)
+        return None
+    prev = log_dir.with_name(log_dir.name + ".prev")
+    try:
+        if prev.is_symlink() or (prev.exists() and not prev.is_dir()):
+            prev.unlink()
+        elif prev.exists():
+            shutil.rmtree(prev)  # (never follows symlinks inside)
+        os.replace(log_dir, prev)
+    except OSError:
+        return None
+    return prev
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,6 +295,7 @@ class Supervisor:
         self._watch_tasks: list[asyncio.Task[None]] = []
         # process exits seen within EXIT_WINDOW_S of the first one, before the trigger is chosen
         self._pending_exits: list[tuple[Incarnation, Trigger]] = []
+        self._announced = False  # this burst's `detected` event was emitted
         self._exit_timer: asyncio.TimerHandle | None = None
         self._pending_other: tuple[Incarnation, Trigger] | None = None
         self._exit_window_end = 0.0  # monotonic s: the window may be extended up to this
@@ -474,22 +505,26 @@ class Supervisor:
         """PID 1 only: every `interval_s` seconds reap the zombies of this run's engine sessions
         that the supervisor does not wait for itself (the API server it launched, processes whose
         exit the process watch has not reported yet: their status is read from the zombie)."""
-        from xpu_serve.reaper import reap_orphans
-
         while True:
             await asyncio.sleep(interval_s)
-            keep = set(self._exitwatch.pids) if self._exitwatch is not None else set()
-            if self._popen is not None and self._popen.returncode is None:
-                keep.add(self._popen.pid)
-            try:
-                got = reap_orphans(protected=keep, sessions=self._engine_sessions)
-            except Exception as ex:  # never stop supervision over housekeeping
-                self.log.emit("warning", f"reaper: {type(ex).__name__}: {ex}")
-                continue
-            if got:
-                self.reaped.extend(got)
-                del self.reaped[:-1000]
-                self.log.emit("reaped", f"reaped {len(got)} orphaned zombie(s): {got}", pids=got)
+            self._reap_now(set())
+
+    def _reap_now(self, also: set[int]) -> None:
+        """PID 1: reap the zombies of `also` (stopped members) and of the engine sessions now."""
+        from xpu_serve.reaper import reap_orphans
+
+        keep = set(self._exitwatch.pids) if self._exitwatch is not None else set()
+        if self._popen is not None and self._popen.returncode is None:
+            keep.add(self._popen.pid)
+        try:
+            got = reap_orphans(protected=keep, sessions=self._engine_sessions, also=also)
+        except Exception as ex:  # never stop supervision over housekeeping
+            self.log.emit("warning", f"reaper: {type(ex).__name__}: {ex}")
+            return
+        if got:
+            self.reaped.extend(got)
+            del self.reaped[:-1000]
+            self.log.emit("reaped", f"reaped {len(got)} orphaned zombie(s): {got}", pids=got)
 
     async def _heartbeat(self) -> None:
         """Rewrite state.json every `heartbeat_s` seconds (its `written_at` proves it is current)."""
@@ -705,10 +740,13 @@ class Supervisor:
             old_run,
             candidates=set(info.get("new_segments") or []),
         )
-        if seg.removed or seg.kept:
+        if seg.removed:
+            kept = (
+                f"; {len(seg.kept)} other new segment(s) not proven its were left alone" if seg.kept else ""
+            )
             self.log.emit(
                 "orphans",
-                f"removed {len(seg.removed)} leftover segment(s) of the previous supervisor, kept {len(seg.kept)}",
+                f"removed {len(seg.removed)} leftover segment(s) of the previous supervisor{kept}",
                 removed=seg.removed,
                 kept=seg.kept,
             )
@@ -723,6 +761,11 @@ class Supervisor:
         self.incarnation += 1
         n = self.incarnation
         log_dir = self.runtime_dir / "logs" / str(n)
+        prev = await loop.run_in_executor(None, set_aside_old_logs, log_dir)
+        if prev is not None:
+            self.log.emit(
+                "logs", f"logs of an earlier run in {log_dir} moved to {prev}", incarnation=n, moved_to=str(prev)
+            )
         log_dir.mkdir(parents=True, exist_ok=True)
         ctx = Incarnation(
             incarnation=n,
@@ -741,6 +784,7 @@ class Supervisor:
         self.ctx = ctx
         self._exited = {}
         self._pending_exits = []
+        self._announced = False
         self._pending_other = None
         self._dying_at = {}
         if self._exit_timer is not None:
@@ -802,7 +846,7 @@ class Supervisor:
             incarnation=n,
             pid=popen.pid,
         )
-        ew = proc_src.ExitWatch(loop, self._on_exit, connector=self._connector)
+        ew = proc_src.ExitWatch(loop, self._on_exit, connector=self._connector, on_gone=self._on_gone)
         self._exitwatch = ew
         ew.watch(popen.pid, status=lambda: proc_src.returncode_status(popen.poll()))
         self._loop = loop
@@ -958,15 +1002,9 @@ class Supervisor:
         )
         if ctx.trigger is not None or self.state not in ("starting", "ready"):
             return
-        if not self._pending_exits:
+        if not self._pending_exits and not self._announced:
             # the failure is known now; naming the first death may take the exit window below
-            self.log.emit(
-                "detected",
-                f"incarnation {ctx.incarnation}: {trig.detail}",
-                incarnation=ctx.incarnation,
-                pid=pid,
-                detect_ms=round((time.time() - at) * 1000, 3),
-            )
+            self._announce(ctx, trig.detail, pid, at)
         # Exits come in a burst when the tree tears itself down (kill -9 of the API server: its
         # children exit 0 right after; the order the exits are reported in is not the order of
         # death). Collect the burst, then name the first abnormal death (`_exit_rank`).
@@ -983,6 +1021,26 @@ class Supervisor:
             p not in self._exited for p in self._dying_at
         ):
             self._commit_exits()
+
+    def _announce(self, ctx: Incarnation, detail: str, pid: int, at: float) -> None:
+        """The `detected` event: the first death of a burst is known (once per burst)."""
+        self._announced = True
+        self.log.emit(
+            "detected",
+            f"incarnation {ctx.incarnation}: {detail}",
+            incarnation=ctx.incarnation,
+            pid=pid,
+            detect_ms=round((time.time() - at) * 1000, 3),
+        )
+
+    def _on_gone(self, pid: int, at: float) -> None:
+        """ExitWatch: `pid` died at `at` (epoch s); its exit status is still on its way."""
+        ctx = self.ctx
+        info = ctx.processes.get(pid) if ctx is not None else None
+        if ctx is None or info is None or pid in self._exited or self._announced:
+            return
+        if ctx.trigger is None and self.state in ("starting", "ready") and not self._pending_exits:
+            self._announce(ctx, f"{info.name} (pid {pid}) died", pid, at)
 
     def _open_window(self, ctx: Incarnation, first: float) -> None:
         """Start the exit window (once per burst). A watched process whose exit the kernel is
@@ -1013,6 +1071,7 @@ class Supervisor:
             self._exit_timer = loop.call_later(0.05, self._commit_exits)
             return
         pending, self._pending_exits = self._pending_exits, []
+        self._announced = False
         other, self._pending_other = self._pending_other, None
         mine = [t for c, t in pending if c is self.ctx]
         if mine:
@@ -1320,6 +1379,11 @@ class Supervisor:
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=1.0)
+        if os.getpid() == 1:
+            # PID 1: members that left the engine's session (setsid, a detached grandchild) were
+            # swept by the run marker and are now our zombies; the periodic reaper only looks at
+            # the engine's sessions, so reap them here (the API server is Popen's to wait for).
+            self._reap_now(set(rep.terminated) | set(rep.killed))
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.wait_eof, 2.0)
             stats = await asyncio.to_thread(ctx.pump.close, 2.0)
@@ -1411,16 +1475,26 @@ def _exiting(pid: int) -> bool:
         return False
 
 
-def _exit_rank(t: Trigger) -> tuple[int, float]:
+# Deaths no process inflicts on itself in reaction to a peer's death: a fault (the CPU's or
+# the driver's) or a kill from outside (the OOM killer, an operator). SIGABRT, SIGTERM and exit
+# codes are how oneCCL, NCCL and vLLM's executor react to a dead peer.
+_PRIMARY_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGKILL"})
+
+
+def _exit_rank(t: Trigger) -> tuple[int, float, int]:
     """Sort key of process-exit triggers in one burst: abnormal deaths (a signal or a non-zero
-    code) first, then unknown statuses, then clean exits (code 0: the teardown); earliest first."""
+    code) first, then unknown statuses, then clean exits (code 0: the teardown); earliest first.
+    Deaths dated alike (a process still exiting when a peer's exit was reported is dated at that
+    report, `_open_window`: which of the two began dying first is unknown) rank a fault or an
+    outside kill before an abort or exit code, the usual reaction to the peer's death (a worker
+    SIGKILLed while its slow exit let EngineCore abort the others first)."""
     if t.signal or (t.exit_code is not None and t.exit_code != 0):
         grade = 0
     elif t.exit_code is None:
         grade = 1
     else:
         grade = 2
-    return grade, t.at
+    return grade, t.at, 0 if t.signal in _PRIMARY_SIGNALS else 1
 
 
 def _cannot_start(program: str, ex: OSError) -> str:

@@ -88,3 +88,41 @@ def test_pid1_supervisor_reaps_reparented_orphans(up_factory: Any) -> None:
     assert u.proc.wait(30) == 0
     assert not zombie_children(parent=sup.pid)
     assert json.loads((u.runtime / "state.json").read_text())["state"] == "stopped"
+
+
+def test_pid1_supervisor_reaps_detached_grandchildren_it_sweeps(up_factory: Any) -> None:
+    """An engine command that leaves a detached grandchild (setsid: a session of its own, not the
+    engine's) is swept by the run marker; as PID 1 the supervisor is its parent once the API server
+    is gone, so the zombie it becomes must be reaped too, not left under PID 1 for ever."""
+    why = _can_unshare()
+    if why:
+        pytest.skip(why)
+    u: Up = up_factory(
+        engine={
+            "command": ["sh", "-c", 'setsid sleep 1000 & exec "$0" -m xpu_serve.sim serve "$@"', sys.executable]
+        }
+    )
+    u.out = open(u.tmp / "up-0.out", "w")  # noqa: SIM115  (closed by kill_all)
+    u.proc = subprocess.Popen(  # type: ignore[assignment]
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "xpu_serve", "up",
+         "-c", str(u.config), "--log-format", "json"],
+        stdout=u.out,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sup = _namespace_init(u.proc.pid)
+    u.wait_for(lambda: u.state().get("supervisor_pid") == 1, 30, "state.json of the PID-1 supervisor")
+    u.run_ids.add(u.state()["run_id"])
+    u.wait_tree(1, timeout=60)
+    sleeper = [p for p in sup.children(recursive=True) if p.name() == "sleep"]
+    assert sleeper, "the detached grandchild runs"
+    os.kill(sup.pid, signal.SIGHUP)  # planned restart: incarnation 1 is stopped and swept
+    u.wait_tree(2, timeout=60)
+    cleaned = u.events("cleaned")[0]
+    assert cleaned["left"] == [], cleaned
+    u.wait_for(lambda: not zombie_children(parent=sup.pid), 10,
+               f"no zombie left under the PID-1 supervisor: {zombie_children(parent=sup.pid)}")
+    assert not psutil.pid_exists(sleeper[0].pid) or sleeper[0].status() != psutil.STATUS_ZOMBIE
+    os.kill(sup.pid, signal.SIGTERM)
+    assert u.proc.wait(30) == 0

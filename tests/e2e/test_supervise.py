@@ -120,7 +120,7 @@ def test_startup_failure_loop_backs_off_then_gives_up(up_factory: Any) -> None:
     assert st["state"] == "gave-up" and "crash loop" in st["reason"]
     sched = u.events("restart-scheduled")
     assert len(sched) == 3
-    ceilings = [float(re.search(r"ceiling ([\d.]+) s", e["msg"]).group(1)) for e in sched]  # type: ignore[union-attr]
+    ceilings = [float(re.search(r"and ([\d.]+) s;", e["msg"]).group(1)) for e in sched]  # type: ignore[union-attr]
     assert ceilings == [0.1, 0.2, 0.4]
     assert sched[0]["delay_s"] == pytest.approx(0.1, abs=0.005)
     assert all(0.1 - 1e-6 <= e["delay_s"] <= c + 1e-6 for e, c in zip(sched, ceilings, strict=True))
@@ -217,6 +217,31 @@ def test_kill_9_supervisor_next_up_cleans_orphans(up_factory: Any) -> None:
     _assert_nothing_left(u, set())
 
 
+
+def test_next_run_on_the_same_runtime_dir_does_not_append_to_the_old_runs_logs(up_factory: Any) -> None:
+    """Each run numbers incarnations from 1: the next `up` (after a stop, a systemd restart or a
+    kill -9) used to append to the old run's logs/1/vllm.log, so its line numbers and bundles
+    carried the old run's lines. The old logs/1 is set aside as logs/1.prev instead."""
+    u = up_factory().start()
+    st = u.wait_tree(1)
+    old_api = next(p["pid"] for p in st["processes"] if p["name"] == "APIServer")
+    os.kill(u.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+    u.proc.wait(10)  # type: ignore[union-attr]
+    u.start()
+    st2 = u.wait_tree(1)
+    new_api = next(p["pid"] for p in st2["processes"] if p["name"] == "APIServer")
+    logs = u.runtime / "logs"
+    text = (logs / "1" / "vllm.log").read_text()
+    assert f"(APIServer pid={new_api})" in text and f"(APIServer pid={old_api})" not in text
+    assert text.startswith(f"(APIServer pid={new_api})")
+    assert f"pid={old_api})" not in (logs / "1" / "APIServer.log").read_text()
+    assert f"(APIServer pid={old_api})" in (logs / "1.prev" / "vllm.log").read_text()
+    assert [e["moved_to"] for e in u.events("logs")] == [str(logs / "1.prev")]
+    u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert u.exit_code() == 0
+    _assert_nothing_left(u, set())
+
+
 def test_kill_9_supervisor_right_after_launch_next_up_removes_the_orphans_segments(up_factory: Any) -> None:
     """Killed before state.json recorded any segment: the next `up` proves them the orphans' from
     their own mappings before stopping them, and removes them."""
@@ -280,6 +305,11 @@ def test_second_supervisor_on_same_runtime_dir_is_locked(up_factory: Any, xpu_se
         timeout=30,
     )
     assert "Worker_TP1" in t.stdout and "running" in t.stdout
+    # `check` while the server runs: the port is this config's own server, not a conflict
+    c = subprocess.run([*xpu_serve_cmd, "check", "-c", str(u.config)], capture_output=True, text=True, timeout=60)
+    port_lines = [ln for ln in (c.stdout + c.stderr).splitlines() if f":{u.port}" in ln]
+    assert port_lines and "served by this config's running server" in port_lines[0], c.stdout + c.stderr
+    assert f"supervisor pid {u.proc.pid}" in port_lines[0]  # type: ignore[union-attr]
     stop = subprocess.run(
         [*xpu_serve_cmd, "stop", "--runtime-dir", str(u.runtime)], capture_output=True, text=True, timeout=60
     )
@@ -292,6 +322,10 @@ def test_second_supervisor_on_same_runtime_dir_is_locked(up_factory: Any, xpu_se
         timeout=30,
     )
     assert s2.returncode == 1 and "not running" in s2.stdout and "stopped" in s2.stdout
+    # the last incarnation's processes are listed as gone, not as if they still ran
+    rows = [ln for ln in s2.stdout.splitlines() if "Worker_TP" in ln or "EngineCore" in ln]
+    assert len(rows) >= 3, s2.stdout
+    assert all(any(w in ln for w in (" gone", " exited", " killed by")) for ln in rows), s2.stdout
 
 
 def test_status_says_when_supervisor_is_dead(up_factory: Any, xpu_serve_cmd: list[str]) -> None:

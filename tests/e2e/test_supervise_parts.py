@@ -171,10 +171,12 @@ def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event()
     base = processes.ProcConnector.open()
     assert base is not None
     conn = LateConnector(base.sock)
+    gone: list[tuple[int, float]] = []
 
     async def burst() -> list[tuple[int, int | None, str | None, float]]:
         loop = asyncio.get_running_loop()
         got: list[tuple[int, int | None, str | None, float]] = []
+        gone.clear()
         done = asyncio.Event()
 
         def on_exit(pid: int, code: int | None, sig: str | None, at: float) -> None:
@@ -182,7 +184,7 @@ def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event()
             if len(got) == 2:
                 done.set()
 
-        ew = processes.ExitWatch(loop, on_exit, connector=conn)
+        ew = processes.ExitWatch(loop, on_exit, connector=conn, on_gone=lambda pid, at: gone.append((pid, at)))
         p = subprocess.Popen([sys.executable, "-c", _BURST_PARENT], stdout=subprocess.PIPE)
         assert p.stdout is not None
         pids = [int(x) for x in p.stdout.readline().split()]
@@ -193,6 +195,8 @@ def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event()
         ew.close()
         p.wait()
         by_pid = {g[0]: g for g in got}
+        for pid, at in gone:  # announced dead at once, with the time its status is reported with
+            assert by_pid[pid][3] == at
         return [by_pid[pid] for pid in pids]
 
     try:
@@ -205,6 +209,7 @@ def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event()
             if conn.held_back > before:
                 break
         assert conn.held_back > 0, "the zombie was never gone before its status was read"
+        assert gone, "a death whose status was held back is announced before its status"
     finally:
         conn.close()
 
@@ -458,6 +463,28 @@ def test_state_rewritten_in_place_when_the_disk_is_full(tiny_tmpfs: Path) -> Non
         write_state(tiny_tmpfs, {"state": "ready", "incarnation": 3, "x": "z" * 40000})
     assert read_state(tiny_tmpfs)["incarnation"] == 2  # type: ignore[index]
 
+
+
+def test_state_rewritten_in_place_when_no_inode_is_left(tmp_path: Path) -> None:
+    """A real tmpfs with 8 inodes (root only): the temp file of the atomic write cannot even be
+    created (ENOSPC from open); state.json is rewritten in place instead of going stale."""
+    mnt = tmp_path / "ino"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=8", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        assert write_state(mnt, {"state": "ready", "incarnation": 1}) == "atomic"
+        i = 0
+        with pytest.raises(OSError) as full:
+            while True:
+                (mnt / f"f{i}").touch()
+                i += 1
+        assert full.value.errno == errno.ENOSPC
+        assert write_state(mnt, {"state": "ready", "incarnation": 2}) == "in-place"
+        assert read_state(mnt) == {"state": "ready", "incarnation": 2}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 @pytest.mark.parametrize(
     "content",

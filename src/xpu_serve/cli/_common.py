@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,3 +29,25 @@ def load_config_or_report(path: str | Path, problems: list[str] | None = None) -
         if problems is not None:
             problems.extend(e.problems)
         return None
+
+
+def nonempty_dir(text: str) -> str:
+    """argparse type of --runtime-dir: an empty value (``--runtime-dir "$UNSET"``) is an error
+    (exit 2), not "no option": `up` would fall back to the config's runtime_dir and `status` or
+    `stop` to /var/lib/xpu-serve, so they could look at different supervisors."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("must not contain a NUL character")
+    return text
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of a --timeout in seconds: a finite number > 0 (nan would wait for ever)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import nonempty_dir
 from xpu_serve.cli.status import add_runtime_arguments, resolve_runtime_dir
 
 
@@ -33,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             ("path", "print a bundle's folder (or .tar.gz with --tar)")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         # SUPPRESS: an option given before the action is not reset by the action's parser
-        p.add_argument("--runtime-dir", metavar="DIR", default=argparse.SUPPRESS, help="the runtime directory")
+        p.add_argument("--runtime-dir", metavar="DIR", type=nonempty_dir, default=argparse.SUPPRESS,
+                       help="the runtime directory")
         p.add_argument("-c", "--config", metavar="FILE", default=argparse.SUPPRESS,
                        help="take the runtime directory from this config")
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
@@ -50,6 +52,15 @@ def _size(n: int) -> str:
             return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
         f /= 1024
     return f"{n} B"
+
+
+def _words(text: str, n: int) -> str:
+    """`text` in at most `n` characters, cut at a word boundary with "…"."""
+    text = " ".join(text.split())
+    if len(text) <= n:
+        return text
+    cut = text[: n - 1].rsplit(" ", 1)[0] if " " in text[: n - 1] else text[: n - 1]
+    return cut.rstrip(",;:") + "…"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         for b in bundles:
             comp = {True: "yes", False: "no", None: "partial"}[b.complete]
             print(f"{b.id:<{width}}  {b.cause:<20} {b.incarnation:>4} {_size(b.size_bytes):>10}  {comp:<8}  "
-                  f"{b.summary[:100]}")
+                  f"{_words(b.summary, 100)}")
         return exitcodes.OK
     if not getattr(args, "id", None):
         print(f"xpu-serve bundles {action}: an ID is required (see `xpu-serve bundles list`)", file=sys.stderr)

@@ -87,6 +87,34 @@ def bundle_inputs(d: str | Path) -> list[str] | None:
         return None
 
 
+def _live_exits(bundle: str) -> list[str]:
+    """The process exits the supervisor saw itself (pidfd, proc connector), from the bundle's
+    incident.json `supervisor.processes` (xpu_serve.bundle): ["Worker_TP1 (pid 9136) killed by
+    SIGABRT", ...]. Live, the Analyzer was fed them as facts (xpu_serve.facts.process_exit); the
+    logs alone do not hold them. [] when unreadable or none. Never raises."""
+    from xpu_serve.fsread import read_regular
+
+    try:
+        raw = read_regular(Path(bundle) / "incident.json", 8 << 20, follow=False)
+        procs = json.loads(raw or b"{}").get("supervisor", {}).get("processes") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    out = []
+    for p in procs if isinstance(procs, list) else []:
+        if not isinstance(p, dict):
+            continue
+        if p.get("signal"):
+            how = f"killed by {p['signal']}"
+        elif isinstance(p.get("exit_code"), int):
+            how = f"exit code {p['exit_code']}"
+        elif p.get("exited_at"):
+            how = "exit status unknown"
+        else:
+            continue
+        out.append(f"{p.get('name')} (pid {p.get('pid')}) {how}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Diagnose the files; print the report or the JSON verdict."""
     from xpu_serve.diagnosis import Analyzer, diagnose_files
@@ -110,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"xpu-serve diagnose: no input file given{what}", file=sys.stderr)
         return exitcodes.USAGE
     expanded: list[str] = []
+    bundles: list[str] = []
     for p in paths:
         if p != "-" and os.path.isdir(p):
             inside = bundle_inputs(p)
@@ -126,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"xpu-serve diagnose: {links[0]}: a symlink inside a bundle: refused", file=sys.stderr)
                 return exitcodes.USAGE
             expanded.extend(inside)
+            bundles.append(p)
             continue
         expanded.append(p)
     paths = expanded
@@ -159,10 +189,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         inc = diagnose_files(inputs, analyzer=an)
     except OSError as e:
-        print(f"xpu-serve diagnose: {e.filename or '-'}: cannot read: {e.strerror or e}", file=sys.stderr)
+        # (a read error carries no file name: name the input when there is only one)
+        name = e.filename or (paths[0] if len(set(paths)) == 1 else "one of the inputs")
+        print(f"xpu-serve diagnose: {name}: cannot read: {e.strerror or e}", file=sys.stderr)
         return exitcodes.USAGE
     for u in unmatched:
         inc.notes.append(f"no file matched {u} (ignored)")
+    for b in bundles:
+        seen = _live_exits(b)
+        if seen:
+            inc.notes.append(
+                f"{b}: live, the supervisor also saw these exits itself (incident.json, not in the "
+                f"logs read here; the live verdict counts them): {'; '.join(seen)}"
+            )
     if args.json:
         sys.stdout.write(json.dumps(inc.to_contract(), indent=1, ensure_ascii=False) + "\n")
     else:

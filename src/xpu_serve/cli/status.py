@@ -25,7 +25,11 @@ from xpu_serve import exitcodes
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """--runtime-dir DIR and -c/--config FILE (the config's runtime_dir); shared with `stop`."""
-    parser.add_argument("--runtime-dir", metavar="DIR", help="the supervisor's runtime directory")
+    from xpu_serve.cli._common import nonempty_dir
+
+    parser.add_argument(
+        "--runtime-dir", metavar="DIR", type=nonempty_dir, help="the supervisor's runtime directory"
+    )
     parser.add_argument("-c", "--config", metavar="FILE", help="take the runtime directory from this config")
 
 
@@ -188,6 +192,23 @@ def run(args: argparse.Namespace) -> int:
     return exitcodes.OK if alive else exitcodes.FAILURE
 
 
+def _same_process_alive(pid: int, started_at: Any) -> bool:
+    """True when `pid` lives and, when `started_at` (epoch s, psutil create_time) is known, is
+    still the process state.json names (not a later process given the same pid)."""
+    import psutil
+
+    from xpu_serve.state import pid_alive
+
+    if not pid_alive(pid):
+        return False
+    if not isinstance(started_at, (int, float)):
+        return True
+    try:
+        return abs(psutil.Process(pid).create_time() - started_at) < 1.0
+    except psutil.Error:
+        return False
+
+
 def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> list[tuple[str, str]]:
     spid = st.get("supervisor_pid")
     rows: list[tuple[str, str]] = []
@@ -243,6 +264,8 @@ def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> li
             ended = f" exited {p['exit_code']}"
         elif p.get("exited_at"):
             ended = " exited (status unknown)"
+        elif isinstance(p.get("pid"), int) and not _same_process_alive(p["pid"], p.get("started_at")):
+            ended = " gone"  # (stopped with the tree, or died after state.json was written)
         rank = f" rank {p['rank']}" if p.get("rank") is not None else ""
         rows.append(("process", f"{p.get('name')} pid {p.get('pid')}{rank}{ended}"))
     return rows

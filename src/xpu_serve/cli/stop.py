@@ -15,6 +15,7 @@ import sys
 import time
 
 from xpu_serve import exitcodes
+from xpu_serve.cli._common import positive_seconds
 from xpu_serve.cli.status import add_runtime_arguments, resolve_runtime_dir
 
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--runtime-dir DIR, -c FILE, --timeout S (default 120), --kill."""
     add_runtime_arguments(parser)
     parser.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (default 120)"
+        "--timeout", type=positive_seconds, default=120.0, metavar="S", help="seconds to wait (default 120)"
     )
     parser.add_argument(
         "--kill", action="store_true", help="kill the server at once instead of a graceful stop"

@@ -13,14 +13,17 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes
-from xpu_serve.cli._common import load_config_or_report
+from xpu_serve.cli._common import load_config_or_report, nonempty_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """-c/--config FILE (required), --runtime-dir DIR, --log-format text|json, --no-echo."""
     parser.add_argument("-c", "--config", required=True, metavar="FILE", help="the YAML config")
     parser.add_argument(
-        "--runtime-dir", metavar="DIR", help="state, logs and bundles (default: the config's runtime_dir)"
+        "--runtime-dir",
+        metavar="DIR",
+        type=nonempty_dir,
+        help="state, logs and bundles (default: the config's runtime_dir)",
     )
     parser.add_argument(
         "--log-format",

@@ -94,6 +94,14 @@ _CLI_FRAMES = [
 ]
 
 
+# Request fields the simulator knows (a subset of vLLM's CompletionRequest/ChatCompletionRequest);
+# others are logged as vLLM logs them: names chosen by the client, in the server's own log.
+_REQUEST_FIELDS = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "temperature", "top_p",
+     "n", "stop", "seed", "user", "stream_options", "logprobs", "echo", "presence_penalty",
+     "frequency_penalty"}
+)
+
 class _Request:
     def __init__(self, rid: str, prompt_tokens: int, max_tokens: int):
         self.rid = rid
@@ -653,6 +661,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _generate(self, body: dict[str, Any], chat: bool) -> None:
         api = self.api
         cfg = api.cfg
+        extra = set(body) - _REQUEST_FIELDS
+        if extra:  # vLLM's OpenAIBaseModel.__log_extra_fields__ (WARNING up to ~0.11, DEBUG later)
+            vlog.warning("protocol.py:51", f"The following fields were present in the request but ignored: {extra}")
         model = body.get("model", cfg.served_model_name)
         if model not in (cfg.served_model_name, cfg.model):
             self._error(404, f"The model `{model}` does not exist.", "NotFoundError")

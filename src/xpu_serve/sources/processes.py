@@ -163,10 +163,9 @@ ExitCallback = Callable[[int, "int | None", "str | None", float], None]
 
 
 # A grandchild's exit status missing from the proc connector when its pidfd fired is asked for
-# again this many times, this many seconds apart (at most ~40 ms added to a detection whose
-# status would otherwise be unknown).
-CONNECTOR_RETRIES = 4
-CONNECTOR_RETRY_S = 0.01
+# again after each of these delays (seconds; at most 41 ms added to a detection whose status
+# would otherwise be unknown; the event usually follows within microseconds).
+CONNECTOR_RETRY_S = (0.001, 0.005, 0.01, 0.025)
 
 
 @dataclass
@@ -186,8 +185,9 @@ class ExitWatch:
     a direct child (e.g. from `Popen.poll()`); others get `zombie_status`. Returns False when the
     process is already gone (on_exit is then called soon, with an unknown status).
     Uses pidfds when `os.pidfd_open` works, else polls every `poll_interval_s` seconds.
-    `deferred`: pids that have exited but whose report waits (at most CONNECTOR_RETRIES *
-    CONNECTOR_RETRY_S s) for the connector's exit status. Must be used from the loop's thread. `close()` stops all watches.
+    `on_gone(pid, at)` (optional) is called at once for such a deferred report, so the death
+    is known before its status. `deferred`: pids that have exited but whose report waits (at most sum(CONNECTOR_RETRY_S)
+    s) for the connector's exit status. Must be used from the loop's thread. `close()` stops all watches.
     """
 
     def __init__(
@@ -196,10 +196,12 @@ class ExitWatch:
         on_exit: ExitCallback,
         poll_interval_s: float = 0.05,
         connector: ProcConnector | None = None,
+        on_gone: Callable[[int, float], None] | None = None,
     ):
         self._loop = loop
         self._connector = connector
         self._on_exit = on_exit
+        self._on_gone = on_gone
         self._poll_interval_s = poll_interval_s
         self._watched: dict[int, _Watched] = {}
         self._poll_task: asyncio.Task[None] | None = None
@@ -259,14 +261,16 @@ class ExitWatch:
             st = self._connector.status(w.pid)
             if st is not None:
                 code, sig = st
-            elif tries < CONNECTOR_RETRIES and not self.closed:
+            elif tries < len(CONNECTOR_RETRY_S) and not self.closed:
                 # The kernel wakes pidfd waiters in exit_notify() and sends the connector's exit
                 # event just after it (kernel/exit.c do_exit: proc_exit_connector); the parent
                 # (EngineCore) may have reaped the zombie in between. Ask again shortly instead
                 # of reporting an unknown status, which would rank this death after a peer's
                 # later SIGABRT. `at` stays the time the pidfd fired.
+                if tries == 0 and self._on_gone is not None:
+                    self._on_gone(w.pid, at)  # dead now; its status follows
                 self.deferred.add(w.pid)
-                self._loop.call_later(CONNECTOR_RETRY_S, self._report, w, at, tries + 1)
+                self._loop.call_later(CONNECTOR_RETRY_S[tries], self._report, w, at, tries + 1)
                 return
         self.deferred.discard(w.pid)
         if self._connector is not None and self._connector.interest is not None:

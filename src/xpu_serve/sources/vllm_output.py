@@ -89,7 +89,12 @@ notice is echoed, the echo and the callback go on, and the file is retried every
 `retry_interval_s`; when it works again, a marker line says how many lines it missed
 (``[xpu-serve] N lines not written to this file: [Errno 28] No space left on device``). For
 ``vllm.log`` the relay does this itself: it keeps reading (the engine is never blocked) and
-forwarding; missed lines are in `log_missed_lines`.
+forwarding; missed lines are in `log_missed_lines`. They take no line numbers (the numbering
+stays that of the file: callbacks get the number of the next line written there), and a drop of
+their forwarding is marked ``[xpu-serve] dropped N lines (B bytes) here: the supervisor could not
+keep up; vllm.log could not take them either (write error)``. A file deleted while open (an
+operator freeing a full disk with ``rm``; its blocks would stay in use and what follows would be
+lost) is noticed within a second and started again, its directory made again if it went too.
 
 API (the supervisor calls)::
 
@@ -115,7 +120,9 @@ order of ``vllm.log``, after the line has been written to the files (so a callba
 triggers a bundle finds it on disk). `line` has no newline; `lineno` is 1-based in the
 incarnation's logical ``vllm.log`` (rotated parts concatenated oldest first; the pump's marker
 lines take numbers too but are not passed to the callback; lines whose forwarding was dropped
-keep their numbers, so ``vllm.log`` line `lineno` is `line`). It must be quick and must not
+keep their numbers, so ``vllm.log`` line `lineno` is `line`; lines that ``vllm.log`` could not
+take, a disk error, take none: they get the number of the next line written there, the marker
+saying how many it missed). It must be quick and must not
 block: while it runs, lines pile up in the buffer, and past `buffer_cap_bytes` their
 forwarding is dropped (counted), never the engine stalled. Exceptions it raises are counted
 (`callback_errors`), reported once on the echo, and ignored. Dropped lines never reach it.
@@ -179,7 +186,7 @@ OnLine = Callable[[str, int], None]
 
 # Queue items: (kind, stream, data, a, b); also the relay's frame kinds (see _RELAY_SRC).
 # _FALLBACK (queue only): the relay died, the writer writes vllm.log from here on.
-_DATA, _DROP, _EOF, _ACK, _ROT, _MARK, _ERR, _LOGOK, _LOGMISS, _FALLBACK = range(10)
+_DATA, _DROP, _EOF, _ACK, _ROT, _MARK, _ERR, _LOGOK, _LOGMISS, _UDATA, _UDROP, _FALLBACK = range(12)
 _Item = tuple[int, int, bytes | memoryview, int, int]  # (data: memoryview for a cut frame)
 _FRAME = struct.Struct("!BBQQ")  # relay frame header: kind, stream, a, b (see _RELAY_SRC)
 _HOLD_MIN = 1 << 20  # relay: a partial line longer than max(this, max_line_bytes) is written out split
@@ -216,7 +223,10 @@ _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it sto
 #   MARK (lines): the relay wrote a marker of that many lines into vllm.log here;
 #   ERR (errno, first of a failure period 0/1): a write/open/rotation of vllm.log failed;
 #   LOGOK (lines missed, errno): vllm.log writable again, marker written;
-#   LOGMISS (lines missed, errno): the last stream ended while vllm.log was still failing.
+#   LOGMISS (lines missed, errno): the last stream ended while vllm.log was still failing;
+#   UDATA (stream, len), UDROP (lines, bytes): like DATA and DROP, for lines vllm.log could not
+#   take (a disk error): they take no line numbers there (a line cut by the error is numbered
+#   by the MARK of the recovery marker that ends its head).
 # Control pipe (supervisor -> relay): b"F" + 8-byte sequence = "read what the pipes hold now
 # (so it is in vllm.log), then write seq on the ack pipe (out of band: `flush` does not wait
 # behind a congested frame pipe) and send an ACK(seq) frame"; b"Q" + 8 bytes then EOF (`close()`)
@@ -231,21 +241,42 @@ _QUEUE_CAP = 4 << 20  # relay mode: bytes queued in the supervisor before it sto
 # and keeps rotated files open for counting (drop regions), `_RotatingFile` counts lines for
 # `locate`; both follow the same rule (rotate before a file would pass max_bytes, at a line end).
 _SHIFT_BACKUPS_SRC = r"""
-def shift_backups(path, backups):
+def shift_backups(path, backups, dfd=None):
     # path -> path.1 -> ... -> path.<backups>; the oldest is overwritten; backups 0: path goes.
+    # dfd: a directory fd that path is relative to (the relay: see LOG_DIR_FD), else None.
     if backups <= 0:
         try:
-            os.unlink(path)
+            os.unlink(path, dir_fd=dfd)
         except FileNotFoundError:
             pass
         return
-    for k in range(backups - 1, 0, -1):
+    # Only the backups that exist move: path.1..path.m, m found by bisection (rotation keeps them
+    # contiguous; with a gap from outside, the run below some missing path.<m+1> moves, nothing is
+    # overwritten). A loop over all `backups` names cost 12 ms per rotation at 1000 backups.
+    def there(k):
+        if k == 0:
+            return True
         try:
-            os.replace(path + "." + str(k), path + "." + str(k + 1))
+            os.stat(path + "." + str(k), dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+    lo, hi = 0, backups - 1
+    if there(hi):
+        lo = hi
+    while hi - lo > 1:  # there(lo), not there(hi)
+        mid = (lo + hi) // 2
+        if there(mid):
+            lo = mid
+        else:
+            hi = mid
+    for k in range(lo, 0, -1):
+        try:
+            os.replace(path + "." + str(k), path + "." + str(k + 1), src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             pass
     try:
-        os.replace(path, path + ".1")
+        os.replace(path, path + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
     except FileNotFoundError:
         pass
 """
@@ -263,11 +294,20 @@ cap, out, ctl, ack = int(A[2]), int(A[3]), int(A[4]), int(A[5])
 path, max_bytes, backups = A[6], int(A[7]), int(A[8])
 retry_s, hold_cap, state = float(A[9]), int(A[10]), int(A[11])
 ins = [int(a) for a in A[12:]]
+# vllm.log and its rotations are named relative to the log directory held open here: when the
+# next supervisor run sets that directory aside (logs/N -> logs/N.prev) while this relay still
+# drains an orphan's pipes, it goes on writing and rotating in the moved directory, never in the
+# new run's logs/N.
+try:
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    lname = os.path.basename(path)
+except OSError:  # (not created: full paths, retried at each open)
+    dfd, lname = None, path
 READ = 1 << 20
 buf = bytearray(hold_cap + READ + 1)  # carry (<= hold_cap) + one read
 bmv = memoryview(buf)
 H = struct.Struct("!BBQQ")
-DATA, DROP, EOF, ACK, ROT, MARK, ERR, LOGOK, LOGMISS = range(9)
+DATA, DROP, EOF, ACK, ROT, MARK, ERR, LOGOK, LOGMISS, UDATA, UDROP = range(11)
 EOF_SEEN, NO_SPLICE = object(), object()  # splice_in() results besides a byte count / None
 for fd in ins + [out, ctl, ack]:
     os.set_blocking(fd, False)
@@ -324,10 +364,10 @@ def count_step(limit=1 << 20):
         pend.pop(0)
         emit_drop()
         q.append((ROT, 0, 0, 0, None))
-    elif type(e) is tuple:
+    elif type(e) is tuple:  # (not in vllm.log: they take no line numbers there)
         pend.pop(0)
-        acc[0] += e[0]
-        acc[1] += e[1]
+        emit_drop()
+        q.append((UDROP, 0, e[0], e[1], None))
     else:
         fd, start, end = e
         k = 0
@@ -366,8 +406,9 @@ def rot():
 
 def forward(i, data, pos, stop, off=None):
     # Queue whole lines data[pos:stop] for the supervisor, or drop them (counted) past the cap.
-    # off: where they are in the open vllm.log (None: not written there). A stream's line whose
-    # head was spliced (frag) is dropped too (it ends in data: whole lines).
+    # off: where they are in the open vllm.log (None: not written there, a disk error: UDATA /
+    # UDROP, they take no line numbers). A stream's line whose head was spliced (frag) is
+    # dropped too (it ends in data: whole lines).
     global qsize, hyst
     if not forwarding:
         return
@@ -382,7 +423,7 @@ def forward(i, data, pos, stop, off=None):
             drop_region(off, n)
         return
     hyst = False
-    q.append((DATA, i, n, 0, bytes(memoryview(data)[pos:stop])))  # (data may be the read buffer)
+    q.append((DATA if off is not None else UDATA, i, n, 0, bytes(memoryview(data)[pos:stop])))  # (data may be the read buffer)
     qsize += n
 
 def dropping():
@@ -400,8 +441,19 @@ def drop_region(off, n):
 def open_log():
     # No O_APPEND: splice() refuses it (EINVAL). The relay is vllm.log's only writer; it
     # appends at the end it tracks (lsize).
-    global lfd, lsize, partial
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    global lfd, lsize, partial, dfd
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+    try:
+        fd = os.open(lname, flags, 0o644, dir_fd=dfd)
+    except FileNotFoundError:
+        if dfd is None:
+            raise
+        # the directory itself was removed (an operator freeing space): make it again by its path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        nd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.close(dfd)
+        dfd = nd
+        fd = os.open(lname, flags, 0o644, dir_fd=dfd)
     try:
         lsize = os.lseek(fd, 0, os.SEEK_END)
     except OSError:
@@ -409,6 +461,25 @@ def open_log():
         raise
     lfd = fd
     partial = partial and lsize > 0  # (a new file: nothing to end)
+
+def relink():
+    # vllm.log was deleted while open (an operator freeing a full disk): its blocks stay in use
+    # as long as it is open, and what is written to it is lost. Start a new file (numbering goes
+    # on as after a rotation); not in the middle of a line (checked again later).
+    global lfd
+    if lfd < 0 or partial or owner >= 0:
+        return
+    try:
+        if os.fstat(lfd).st_nlink:
+            return
+    except OSError:
+        return
+    fd, lfd = lfd, -1
+    if any(type(x) is list and x[0] == fd for x in pend):
+        keep.add(fd)
+    else:
+        os.close(fd)
+    rot()
 
 def release():
     global owner, waiting, wait_since
@@ -426,7 +497,7 @@ def rotate():
             keep.add(fd)  # its dropped regions are still to be counted
         else:
             os.close(fd)
-    shift_backups(path, backups)
+    shift_backups(lname, backups, dfd)
 
 def fail(e, data, pos, end):
     # A disk error: close, count, forward the rest anyway, retry after retry_s.
@@ -492,8 +563,14 @@ def log(i, data, end):
             w0 = lsize
             write_all(memoryview(data)[pos:stop])
         except OSError as e:
-            fail(e, data, pos + (lsize - w0 if w0 >= 0 else 0), end)
-            forward(i, data, seg, end)
+            done = pos + (lsize - w0 if w0 >= 0 else 0)  # (written before the error)
+            whole = data.rfind(b"\n", pos, done) + 1 or pos  # (its complete lines are in vllm.log)
+            if whole > seg:  # (before fail() closes the file: a dropped region is read back)
+                forward(i, data, seg, whole, w0)
+            fail(e, data, done, end)
+            # The rest is not (a half-written line's head is, ended by the recovery marker,
+            # which counts it: MARK).
+            forward(i, data, whole, end)
             return
         forward(i, data, pos, stop, lsize - (stop - pos))
         pos = stop
@@ -679,17 +756,17 @@ def encode(limit=4 << 20):
     size = 0
     while q and size < limit:
         kind, i, a, b, payload = q.popleft()
-        if kind != DATA:
+        if payload is None:
             pending.append(H.pack(kind, i, a, b))
             continue
         chunks = [payload]
-        while q and q[0][0] == DATA and q[0][1] == i and size + a < limit:
+        while q and q[0][0] == kind and q[0][1] == i and size + a < limit:
             nxt = q.popleft()
             chunks.append(nxt[4])
             a += nxt[2]
         qsize -= a
         size += a
-        pending.append(H.pack(DATA, i, a, 0))
+        pending.append(H.pack(kind, i, a, 0))
         pending.extend(chunks)
 
 def write_out():
@@ -736,6 +813,7 @@ small = 65536
 # are small; counting then would resume the forwarding (copies, the supervisor's CPU) mid-burst.
 WIN, CALM = 0.01, 1 << 20
 win_t, win_b, calm, burst = time.monotonic(), 0, True, False
+link_t = win_t  # next check that vllm.log was not deleted (relink)
 while open_ins or q or pending:
     mask = select.POLLOUT if (q or pending) and forwarding else 0
     if mask != out_mask:
@@ -745,6 +823,9 @@ while open_ins or q or pending:
             poller.register(out, mask)
         out_mask = mask
     events = poller.poll((0 if calm else WIN * 1000) if pend else None)
+    if events and time.monotonic() >= link_t:  # (before what was just signalled is written)
+        link_t = time.monotonic() + 1.0
+        relink()
     busy = 0
     for fd, ev in events:
         if fd == out:
@@ -879,10 +960,28 @@ class _RotatingFile:
         self.lines = 0  # lines written by this object, all parts together
         # 0-based index (in `lines`) of the first line of path, path.1, path.2...
         self.starts: list[int] = [0]
+        self._link_t = 0.0  # monotonic: next check that the open file was not deleted
 
     def _open(self) -> int:
+        if self._fd is not None and time.monotonic() >= self._link_t:
+            # deleted while open (an operator freeing a full disk: its blocks stay in use while
+            # it is open, what is written to it is lost): start a new file, as after a rotation
+            self._link_t = time.monotonic() + 1.0
+            try:
+                gone = os.fstat(self._fd).st_nlink == 0
+            except OSError:
+                gone = False
+            if gone:
+                self.close()
+                self.starts.insert(0, self.lines)
+                del self.starts[self.backups + 1 :]
         if self._fd is None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except FileNotFoundError:  # its directory was removed too: make it again
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, flags, 0o644)
             try:
                 self._size = os.fstat(fd).st_size
             except OSError:
@@ -1089,6 +1188,7 @@ class LogPump:
         self._pid_name: dict[int, str] = {}
         self._pending: dict[int, _Pending] = {}
         self._lineno = 0
+        self._unlogged = False  # _process: the lines being fed are not in vllm.log (_UDATA)
         self._lines = 0
         self._dropped_lines = 0
         self._dropped_bytes = 0
@@ -1439,10 +1539,10 @@ class LogPump:
             nbytes = 0
             while len(buf) - pos >= hsize:
                 kind, stream, a, b = _FRAME.unpack_from(buf, pos)
-                if kind == _DATA:
+                if kind == _DATA or kind == _UDATA:
                     if len(buf) - pos - hsize < a:
                         break
-                    items.append((_DATA, stream, bytes(buf[pos + hsize : pos + hsize + a]), 0, 0))
+                    items.append((kind, stream, bytes(buf[pos + hsize : pos + hsize + a]), 0, 0))
                     nbytes += a
                     pos += hsize + a
                 else:
@@ -1456,7 +1556,7 @@ class LogPump:
                     cond.wait(0.5)
                 for item in items:
                     kind, stream = item[0], item[1]
-                    if kind == _DROP:
+                    if kind == _DROP or kind == _UDROP:
                         self._bytes_read += item[4]
                     elif kind == _EOF:
                         self._eof[stream] = True
@@ -1658,6 +1758,17 @@ class LogPump:
                 for name in self._dest_names | set(out.dest) or {"unprefixed"}:
                     out.list_for(name).append(msg)
                 out.echo.append(self._tag + msg + "\n")
+            elif kind == _UDROP:
+                # Neither forwarded nor in vllm.log (a disk error): no line numbers.
+                self._dropped_lines += nlines
+                self._dropped_bytes += nbytes
+                msg = (
+                    f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes) here: the supervisor could not "
+                    f"keep up; vllm.log could not take them either (write error)"
+                )
+                for name in self._dest_names | set(out.dest) or {"unprefixed"}:
+                    out.list_for(name).append(msg)
+                out.echo.append(self._tag + msg + "\n")
             elif kind == _DROP:
                 # The stream's held partial line was cut by the drop: it goes too (its newline,
                 # in the dropped bytes, is already in nlines).
@@ -1694,12 +1805,15 @@ class LogPump:
                 self._relay_log = False
                 self._vlog.lines = self._lineno
             else:
-                # Coalesce consecutive chunks of the same stream.
+                # Coalesce consecutive chunks of the same stream (and kind: _UDATA, lines that
+                # vllm.log could not take, take no numbers of their own).
                 parts = [data]
-                while i < len(items) and items[i][0] == _DATA and items[i][1] == s:
+                while i < len(items) and items[i][0] == kind and items[i][1] == s:
                     parts.append(items[i][2])
                     i += 1
+                self._unlogged = kind == _UDATA
                 self._feed(out, s, b"".join(parts) if len(parts) > 1 else data)
+                self._unlogged = False
         self._write_batch(out)
 
     def _feed(self, out: _Batch, s: int, chunk: bytes | memoryview) -> None:
@@ -1751,7 +1865,10 @@ class LogPump:
             out.vllm.append(body)
             out.vllm.append(b"\n")
             out.vllm_lines += len(tlines)
-        out.text.append((self._lineno + 1, tlines))
+        if self._unlogged:  # (not in vllm.log: the number of the next line written there)
+            out.text.append((self._lineno + 1, tlines, 0))
+        else:
+            out.text.append((self._lineno + 1, tlines, 1))
         if self.echo is not None:
             tag = self._tag
             elines = tlines
@@ -1759,7 +1876,8 @@ class LogPump:
                 elines = [ln for ln in tlines if " HTTP/" not in ln or not self._is_quiet(ln)]
             if elines:
                 out.echo.append(tag + ("\n" + tag).join(elines) + "\n")
-        self._lineno += len(tlines)
+        if not self._unlogged:
+            self._lineno += len(tlines)
         self._lines += len(tlines)
         self._demux(out, tlines)
 
@@ -1892,17 +2010,17 @@ class LogPump:
         # Echo (engine lines and markers, tagged, in order), then the callback.
         self._echo_put(out.echo)
         if self.on_line is not None:
-            for first, tlines in out.text:
-                self._call_back(tlines, first)
+            for first, tlines, step in out.text:
+                self._call_back(tlines, first, step)
 
-    def _call_back(self, tlines: list[str], first: int) -> None:
+    def _call_back(self, tlines: list[str], first: int, step: int = 1) -> None:
         cb = self.on_line
         assert cb is not None
         k = 0
         while k < len(tlines):
             try:
                 for line in tlines[k:] if k else tlines:
-                    cb(line, first + k)
+                    cb(line, first + k * step)
                     k += 1
             except Exception as e:  # the callback is the supervisor's; never stop the pump
                 k += 1
@@ -2000,7 +2118,7 @@ class _Batch:
     def __init__(self) -> None:
         self.vllm: list[bytes] = []
         self.vllm_lines = 0
-        self.text: list[tuple[int, list[str]]] = []  # (first lineno, lines)
+        self.text: list[tuple[int, list[str], int]] = []  # (first lineno, lines, 1; 0: all numbered first)
         self.dest: dict[str, list[str]] = {}  # process name (or "unprefixed") -> lines
         self.echo: list[str] = []
         self.routes: dict[str, list[str]] = {}  # prefix text "(Name pid=N" -> a list in dest
