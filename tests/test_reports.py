@@ -298,3 +298,28 @@ def test_kernel_lines_interleaved_with_vllm_lines_keep_the_verdict(tmp_path: Pat
     mixed.extend(rest)
     got = _verdict_of(tmp_path, SHAPES[shape]("\n".join(x for x in mixed if x) + "\n"))
     assert_verdict(got, json.loads((case / "expected.json").read_text()))
+
+
+@pytest.mark.parametrize("kernel_first", [True, False], ids=["dmesg-read-first", "dmesg-read-last"])
+@pytest.mark.parametrize(
+    "stamp", ["Mon Nov 30 08:31:00 2026", "Thu May 28 13:20:30 2026"], ids=["after", "before"]
+)
+def test_kernel_log_in_its_own_file_is_placed_by_its_stamps(
+    tmp_path: Path, kernel_first: bool, stamp: str
+) -> None:
+    # vllm.log: a device OOM (05-28), then vLLM started again (banner, 11-30 08:30:32) and worker 0
+    # was killed by SIGSEGV. dmesg.txt (dmesg -T): an xe job timeout, stamped after or before that restart.
+    log = tmp_path / "vllm.log"
+    log.write_text(_case_text(CASES / "b60-out-of-resources") + _case_text(CASES / "cpu-tp2-worker0-segv"))
+    kernel = (REPORTS / "xe-b70-timedout-job-dmesg-T" / "dmesg.txt").read_text()
+    dmesg = tmp_path / "dmesg.txt"
+    dmesg.write_text(kernel.replace("Tue Aug  4 20:51:21 2026", stamp))
+    got = diagnose_files([dmesg, log] if kernel_first else [log, dmesg]).to_contract()
+    assert any("earlier incident in the input" in n for n in got["notes"]), got["notes"]
+    if stamp.startswith("Mon Nov 30"):
+        # the GPU fault happened during the last start: it is that start's root
+        assert got["cause"] == "gpu-fault" and got["root"]["file"] == str(dmesg)
+    else:
+        # the fault belongs to the earlier incident; the last start's verdict is its own
+        assert_verdict(got, json.loads((CASES / "cpu-tp2-worker0-segv" / "expected.json").read_text()))
+        assert got["root"]["file"] == str(log)

@@ -19,7 +19,10 @@ Causal rules (not line order; several processes interleave their output):
   comm is cut to 15 bytes, containers show host pids), with a note saying so;
 - hangs: the last progress (a stats line with non-zero throughput), the detection (RPC timeout,
   ProcessGroup watchdog, xpu-serve watchdog) and the delay between them;
-- start-up stalls: the last milestone reached and the ranks that did not reach it.
+- start-up stalls: the last milestone reached and the ranks that did not reach it;
+- several starts in one vLLM log: the verdict is the last start's; kernel records read from
+  another file are placed before or after the restart by their own wall-clock stamps (dmesg -T,
+  ISO); seconds since boot cannot be placed against vLLM's clock and stay where they were read.
 
 Memory stays bounded whatever the input size: only classified events are kept, each signature
 keeps its first few occurrences and counts.
@@ -144,7 +147,13 @@ _COLLECTIVE_FRAME_RE = re.compile(
 # HTTP/1.1" 200 OK', uvicorn/logging.py AccessFormatter; IPv6 as '[::1]:51234 - "...') and vLLM's
 # request logger ('Received request ID: prompt: ...', 'Generated response ID: output: ...',
 # vllm/entrypoints/logger.py RequestLogger).
-_USER_TEXT_RE = re.compile(r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response )')
+# vllm/entrypoints/openai/protocol.py (OpenAIBaseModel.__log_extra_fields__) logs the names of a
+# request's unknown fields, which the client chooses: "The following fields were present in the
+# request but ignored: {'EngineDeadError'}".
+_USER_TEXT_RE = re.compile(
+    r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response '
+    r"|The following fields were present in the request but ignored)"
+)
 
 
 # first characters of a line that may continue a kernel record: indentation, or a digit (a
@@ -344,6 +353,9 @@ class Analyzer:
         # incident): the state of the last failed incarnation before the latest restart
         self._earlier: Analyzer | None = None
         self._restart_at: tuple[str, int] | None = None
+        # the restart line's own time (month, day, h, m, s, us) when it has one: kernel records
+        # read from another file (dmesg -T, ISO stamps) are placed before or after it by theirs
+        self._restart_key: tuple[int, int, int, int, int, int] | None = None
         self.restarts = 0
 
     def is_fatal(self, event: Event) -> bool:
@@ -646,6 +658,8 @@ class Analyzer:
                     group = st[1]
                     if not _EXC_LINE_RE.match(stripped):
                         return None
+                    if text[:1] in (" ", "\t"):
+                        ev.text = stripped  # a traceback quoted with an indent (a report's list)
                 elif s0 == 1:
                     group = st[1]
                     if stripped.startswith("File "):
@@ -661,6 +675,10 @@ class Analyzer:
                     elif _EXC_LINE_RE.match(stripped):
                         in_tb = True
                         st[0] = 3
+                        if text[:1] in (" ", "\t"):
+                            # the exception line of a traceback quoted with an indent (a report
+                            # that indents the whole paste): classified as Python printed it
+                            ev.text = stripped
                     elif text[:1] in (" ", "\t"):
                         return None  # indented source line of a frame
                     else:
@@ -727,7 +745,7 @@ class Analyzer:
                 pe.extra["subsumed"] = True
         if role == "progress":
             if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
-                self._split_incarnation(file, lineno)
+                self._split_incarnation(file, lineno, _tkey(ev))
             self._progress(ev, sig, gd)
             return sig
         if role == "context":
@@ -753,15 +771,17 @@ class Analyzer:
                 if cw is None or lineno - cw[0] > 60:
                     cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
                 cw[1].append(ev)
-            n = self.root_counts.get(sig.id, 0)
-            self.root_counts[sig.id] = n + 1
-            lst = self.roots.setdefault(sig.id, [])
-            if len(lst) < MAX_PER_SIGNATURE:
-                lst.append(ev)
-                if sig.id == "python-exception" and ev.group is not None:
-                    if ev.group in self._group_specific:
-                        ev.extra["subsumed"] = True
-                    self._pyexc_by_group.setdefault(ev.group, []).append(ev)
+            if self._before_restart(ev, file):
+                # a kernel record from another file, stamped before the last restart: it belongs
+                # to the earlier incarnation (a kernel log read after the vLLM log)
+                assert self._earlier is not None
+                self._earlier._keep_root(sig.id, ev)
+                return sig
+            self._keep_root(sig.id, ev)
+            if sig.id == "python-exception" and ev.group is not None:
+                if ev.group in self._group_specific:
+                    ev.extra["subsumed"] = True
+                self._pyexc_by_group.setdefault(ev.group, []).append(ev)
         elif role == "precursor":
             self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
             lst = self.precursors.setdefault(sig.id, [])
@@ -772,6 +792,24 @@ class Analyzer:
         else:
             self._add_consequence(ev, sig)
         return sig
+
+    def _keep_root(self, sid: str, ev: Event) -> None:
+        """Count a root candidate and keep it (the first MAX_PER_SIGNATURE of its signature)."""
+        self.root_counts[sid] = self.root_counts.get(sid, 0) + 1
+        lst = self.roots.setdefault(sid, [])
+        if len(lst) < MAX_PER_SIGNATURE:
+            lst.append(ev)
+
+    def _before_restart(self, ev: Event, file: str) -> bool:
+        """True for a kernel record read from another file than the one vLLM restarted in whose
+        own time stamp is before the restart line's (both wall clocks; seconds since boot cannot
+        be placed against vLLM's clock and stay where they were read)."""
+        if self._restart_key is None or self._earlier is None or ev.source != "kernel":
+            return False
+        if self._restart_at is None or file == self._restart_at[0]:
+            return False
+        k = _tkey(ev)
+        return k is not None and k < self._restart_key
 
     def _duplicate(self, ev: Event, file: str) -> bool:
         """True when this line (same text after wrappers, same pid, same own time stamp) was
@@ -835,9 +873,13 @@ class Analyzer:
         }
     )
 
-    def _split_incarnation(self, file: str, lineno: int) -> None:
+    def _split_incarnation(
+        self, file: str, lineno: int, at: tuple[int, int, int, int, int, int] | None = None
+    ) -> None:
         """Move the analysis so far into `_earlier` and start afresh: the verdict is about the
-        last incarnation. Containers are emptied in place (the feeding loops hold references)."""
+        last incarnation. Containers are emptied in place (the feeding loops hold references).
+        `at` is the restart line's time key: kernel records already read from another file (a
+        dmesg.txt read before the vLLM log) whose own stamp is after it stay with the new start."""
         prev = Analyzer.__new__(Analyzer)
         d: dict[str, Any] = {}
         for k, v in self.__dict__.items():
@@ -850,7 +892,20 @@ class Analyzer:
         prev.__dict__.update(d)
         self._earlier = prev
         self._restart_at = (file, lineno)
+        self._restart_key = at
         self.restarts += 1
+        if at is not None:
+            for sid, evs in list(prev.roots.items()):
+                later = [e for e in evs if e.source == "kernel" and e.file != file and (_tkey(e) or at) > at]
+                if later:
+                    keep = [e for e in evs if not any(e is x for x in later)]
+                    if keep:
+                        prev.roots[sid] = keep
+                    else:
+                        del prev.roots[sid]
+                    prev.root_counts[sid] = max(0, prev.root_counts.get(sid, 0) - len(later))
+                    for e in later:
+                        self._keep_root(sid, e)
         self.ready = False
         self.last_progress = self.last_stats = self.stall_stats = None
         self.facts_hang = None

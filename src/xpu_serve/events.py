@@ -197,6 +197,8 @@ _KERNEL_MSG_RE = re.compile(
     r"(?:xe|i915|amdgpu|nouveau|pcieport|nvidia|snd_hda_intel) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d|"
     r"NVRM: |\S+\[\d+\]: segfault at |traps: |Out of memory: |oom-kill:|\S+ invoked oom-killer|"
     r"\[drm\]|\[drm:|audit: |BUG: |Call Trace:|Memory cgroup out of memory|"
+    # a GPU driver's record quoted with its module tag instead of the device ("[i915] *ERROR* ...")
+    r"\[(?:i915|xe|amdgpu|nouveau)\] |"
     # FreeBSD drm-kmod (LinuxKPI) prints DRM errors as "[drm ERROR :func] ..." and names the
     # device "drmn0:" (dmesg -a, no time stamp)
     r"\[drm (?:ERROR|WARN|INFO|DEBUG) :|drmn\d+: |"
