@@ -148,13 +148,14 @@ class RestartPolicy:
         ceiling = self.ceiling(n)
         floor = min(self.cfg.initial_delay_s, self.cfg.max_delay_s)
         delay = self._rng.uniform(floor, ceiling) if ceiling > floor else ceiling
+        drawn = f"drawn between {floor:g} and {ceiling:g} s; " if ceiling > floor else ""
         self._series += 1
         return Decision(
             "restart",
             delay,
             f"failure {in_window} of {self.cfg.max_failures} within {self.cfg.failure_window_s:g} s; "
-            f"backoff {delay:.1f} s (drawn between {floor:g} and {ceiling:g} s; x{self.cfg.multiplier:g} per "
-            f"failure in a row, up to {self.cfg.max_delay_s:g} s)",
+            f"backoff {delay:.1f} s ({drawn}x{self.cfg.multiplier:g} per failure in a row, up to "
+            f"{self.cfg.max_delay_s:g} s)",
             in_window,
             attempt=n,
             ceiling_s=ceiling,

@@ -634,6 +634,7 @@ class Supervisor:
             f"restart in {delay:.2f} s ({d.reason}; cause {cause})"
             + (f"; held until the device is ready: {blocker}" if blocker else ""),
             delay_s=round(delay, 3),
+            ceiling_s=d.ceiling_s,
             cause=cause,
             blocker=blocker,
         )
