@@ -553,3 +553,41 @@ def test_traceback_records_glued_after_text_are_split_on_the_prefix_alone() -> N
     assert split_glued_records("started the engine (worker pid=5) ok") == [
         "started the engine (worker pid=5) ok"
     ]
+
+
+def test_json_log_field_lines_carry_their_record() -> None:
+    # Google Cloud Logging / journalctl -o json-pretty / docker json-file entries pasted one field per line
+    ev = parse_line(
+        '    "textPayload": "[195998.443208] node invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL)\\\\r\\\\n",'
+    )
+    assert ev.source == "kernel" and ev.text.startswith("node invoked oom-killer:")
+    assert ev.extra.get("boot_s") == 195998.443208
+    ev = parse_line('  "log": "(APIServer pid=7) ERROR 05-16 13:12:16 [core.py:1] boom\\n",')
+    assert (ev.source, ev.pid, ev.text) == ("vllm", 7, "boom")
+    # other fields and JSON that is not a log record stay text
+    assert parse_line('    "severity": "INFO",').source == "text"
+    assert parse_line('  "message": 42,').source == "text"
+
+
+def test_oom_kill_records_of_older_kernels_name_the_victim() -> None:
+    ev = parse_line(
+        "Mar  2 17:35:10 server1 kernel: [2858609.598568] Killed process 11726, UID 498, (mysqld) total-vm:7823732kB"
+    )
+    assert (ev.source, ev.pid, ev.process) == ("kernel", 11726, "mysqld")
+    ev = parse_line(
+        "vllm-1  | > Nov 30 10:17:20 node01 kernel: Killed process 808340 (node), UID 1000, total-vm:621760kB"
+    )
+    assert (ev.source, ev.pid, ev.process) == ("kernel", 808340, "node")
+
+
+def test_old_vllm_headers_glued_with_spaces_are_split() -> None:
+    line = (
+        "INFO 06-19 11:23:59 metrics.py:341] Avg prompt throughput: 1.0 tokens/s, Running: 8 reqs. "
+        "ERROR 06-19 11:25:01 async_llm_engine.py:535] Engine iteration timed out. This should never happen! "
+        "ERROR 06-19 11:25:01 async_llm_engine.py:52] Engine background task failed"
+    )
+    parts = split_glued_records(line)
+    assert [parse_line(p).text for p in parts[1:]] == [
+        "Engine iteration timed out. This should never happen!",
+        "Engine background task failed",
+    ]

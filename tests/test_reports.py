@@ -323,3 +323,30 @@ def test_kernel_log_in_its_own_file_is_placed_by_its_stamps(
         # the fault belongs to the earlier incident; the last start's verdict is its own
         assert_verdict(got, json.loads((CASES / "cpu-tp2-worker0-segv" / "expected.json").read_text()))
         assert got["root"]["file"] == str(log)
+
+
+def test_waits_followed_by_engine_start_are_not_a_stall(tmp_path: Path) -> None:
+    waits = "".join(
+        f"DEBUG 05-31 01:39:{s:02d} client.py:191] Waiting for output from MQLLMEngine.\n"
+        for s in (17, 27, 37)
+    )
+    assert _verdict_of(tmp_path, waits)["cause"] == "startup-hang"
+    # the engine loop started after the waits: start-up moved on, nothing failed
+    moved_on = waits + "DEBUG 05-31 01:39:40 engine.py:157] Starting Engine Loop.\n"
+    got = _verdict_of(tmp_path, moved_on)
+    assert got["cause"] == "unknown" and any("without a stall" in n for n in got["notes"]), got["notes"]
+
+
+def test_exception_logged_by_a_request_handler_is_not_a_failure(tmp_path: Path) -> None:
+    tb = (
+        "(APIServer pid=1) ERROR 10-14 16:59:26 [serving_chat.py:251] Error in preprocessing prompt inputs\n"
+        "(APIServer pid=1) ERROR 10-14 16:59:26 [serving_chat.py:251] Traceback (most recent call last):\n"
+        '(APIServer pid=1) ERROR 10-14 16:59:26 [serving_chat.py:251]   File "/x/serving_engine.py", line 675, in f\n'
+        "(APIServer pid=1) ERROR 10-14 16:59:26 [serving_chat.py:251]     raise ValueError(\n"
+        "(APIServer pid=1) ERROR 10-14 16:59:26 [serving_chat.py:251] ValueError: This model's maximum context "
+        "length is 40000 tokens.\n"
+    )
+    assert _verdict_of(tmp_path, tb)["cause"] == "unknown"
+    # the same exception logged by the engine core is a failure
+    core = tb.replace("APIServer pid=1", "EngineCore_DP0 pid=2").replace("serving_chat.py:251", "core.py:938")
+    assert _verdict_of(tmp_path, core)["cause"] == "process-exception"

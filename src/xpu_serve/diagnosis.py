@@ -41,7 +41,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
-from xpu_serve.events import Event, kernel_message_info, parse_line, split_glued_records
+from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
 from xpu_serve.signatures import Signature, SignatureTable, load_table
 
 MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
@@ -60,6 +60,7 @@ PHASES = (
     "ready",
 )
 _READY_PHASES = {"ready", "serving"}
+_ENGINE_UP_PHASES = {"engine-ready", "api"}  # the engine finished start-up; the API server follows
 _WORKER_RE = re.compile(r"(?:VllmWorker-|Worker_TP|VllmWorker_TP)(\d+)")
 _EXC_LINE_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
@@ -150,6 +151,7 @@ _COLLECTIVE_FRAME_RE = re.compile(
 # vllm/entrypoints/openai/protocol.py (OpenAIBaseModel.__log_extra_fields__) logs the names of a
 # request's unknown fields, which the client chooses: "The following fields were present in the
 # request but ignored: {'EngineDeadError'}".
+_REQUEST_HANDLER_LOC_RE = re.compile(r"serving(?:_\w+)?\.py:")
 _USER_TEXT_RE = re.compile(
     r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response '
     r"|The following fields were present in the request but ignored)"
@@ -333,7 +335,9 @@ class Analyzer:
         # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
         # below), belongs to an open traceback, or continues a kernel record
         self._ac: Any = self.table.trigger_automaton(
-            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN "),
+            # "^^^": Python 3.11+ position marks under a frame's source; a paste that starts at them
+            # (its header and frame line cut off) opens a traceback there (see _ingest)
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^"),
             skip_roles=("context",),
         )
         self._stats_sig = self.table.by_id.get("stats-line")
@@ -495,7 +499,7 @@ class Analyzer:
             sp = line.find("Avg prompt throughput: ") if stats_search is not None and not in_tb else -1
             if sp >= 0:
                 m = _STATS_AT.match(line, sp)
-                if m:
+                if m and not record_header_after(line, m.end()):
                     self._stats(m, (line, file, lineno), None)
                     last_line[file] = line
                     continue
@@ -716,6 +720,11 @@ class Analyzer:
         sig, mt = m
         if sig.id in _SIGNAL_DUMPS and ev.level in _QUIET_LEVELS:
             return None
+        if sig.id == "python-exception" and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
+            # logged by an OpenAI request handler (vllm/entrypoints/openai/serving_*.py: "Error in
+            # preprocessing prompt inputs" ...): one request was rejected with an HTTP error and
+            # the server went on; not a failure of any process
+            return None
         if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
@@ -787,8 +796,8 @@ class Analyzer:
             lst = self.precursors.setdefault(sig.id, [])
             if len(lst) < MAX_PER_SIGNATURE:
                 lst.append(ev)
-            elif sig.id == "shm-broadcast-wait":
-                lst[-1] = ev
+            elif sig.id == "shm-broadcast-wait" or sig.cause == "startup-hang":
+                lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
         else:
             self._add_consequence(ev, sig)
         return sig
@@ -1153,6 +1162,12 @@ class Analyzer:
         n_waits = sum(
             n for sid, n in self.precursor_counts.items() if self.table.by_id[sid].cause == "startup-hang"
         )
+        if startup_waits and self.milestones:
+            # waits followed by a later start-up milestone were the ordinary wait of a start-up
+            # that then moved on (the front end polls while the engine loads): not a stall
+            last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
+            if _cmp_time(startup_waits[-1], last_ms) < 0:
+                startup_waits, n_waits = [], 0
         if not self.ready and cause is None and not self.milestones and n_waits >= 2:
             cause = "startup-hang"
         if (
@@ -1169,7 +1184,13 @@ class Analyzer:
         if not self.ready and cause in (None, "engine-hang") and self.milestones:
             if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors or n_waits >= 2:
                 cause = "startup-hang"
-            elif not self.groups and not demoted:
+            elif (
+                not self.groups
+                and not demoted
+                and startup_info.get("last_milestone") not in _ENGINE_UP_PHASES
+            ):
+                # (once the engine reported itself initialised, the rest of start-up is the API
+                # server's few seconds: a log ending there was cut short, not evidence of a stall)
                 cause = "startup-hang"
                 notes.append(
                     "the input ends during start-up without an error and without the ready line; no rank "
@@ -1180,9 +1201,15 @@ class Analyzer:
         if cause is None:
             inc.cause = "unknown"
             if self.milestones and not self.ready:
-                notes.append(
-                    "start-up failed (consequences are in the input) but the error that caused it is not"
-                )
+                if self.groups or demoted:
+                    notes.append(
+                        "start-up failed (consequences are in the input) but the error that caused it is not"
+                    )
+                else:
+                    notes.append(
+                        f"the input ends during start-up (after {startup_info.get('last_milestone')}) without "
+                        "an error and without a stall"
+                    )
             if self.lines == 0 and not self.roots:
                 notes.append("the input is empty")
             inc.consequence_groups = self._consequence_groups(None, demoted)

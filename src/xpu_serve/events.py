@@ -208,7 +208,9 @@ _KERNEL_MSG_RE = re.compile(
 # pid and comm inside kernel messages.
 _K_COMM_PID_RE = re.compile(r"(?:traps: )?(\S[^\[\]]*?)\[(\d+)\]:? (?:segfault|general protection|trap )")
 _K_IN_COMM_RE = re.compile(r" in (\S+) \[(\d+)\]")
-_K_OOM_RE = re.compile(r"Killed process (\d+) \(([^)]*)\)|task=([^,]*),pid=(\d+)")
+# "Killed process 7986 (comm) total-vm:..." (mm/oom_kill.c since 2.6.x), older kernels (RHEL 6,
+# 2.6.32) "Killed process 11726, UID 498, (comm) total-vm:..."
+_K_OOM_RE = re.compile(r"Killed process (\d+)(?:, UID \d+,)? \(([^)]*)\)|task=([^,]*),pid=(\d+)")
 _K_DEVICE_RE = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)\b|\(PCI:([0-9a-f:.]+)\)")
 
 
@@ -449,6 +451,34 @@ def parse_line(raw: str, file: str | None = None, lineno: int | None = None) -> 
         return Event(source="text", text=s, raw=s, file=file, line=lineno)
 
 
+# One field of a pretty-printed JSON log entry that carries the record's text: Google Cloud Logging
+# ("textPayload"), journalctl -o json-pretty ("MESSAGE"), docker's json-file driver ("log"), Loki /
+# Elastic exports ("message", "msg"), pasted one field per line.
+_JSON_FIELD_RE = re.compile(
+    r'\s*"(?:textPayload|MESSAGE|message|log|msg)"\s*:\s*("(?:[^"\\]|\\.)*")\s*,?\s*$'
+)
+# line ends left inside the value, escaped once more by a shipper that escapes text ("\\r\\n")
+_ESCAPED_EOL_RE = re.compile(r"(?:\\r|\\n)+$")
+
+
+def _json_field_record(text: str) -> str | None:
+    """The log record inside a JSON field line (`"textPayload": "[ 12.3] msg\\n",`), decoded,
+    without its trailing line end; None when the line is not such a field or the value is empty."""
+    m = _JSON_FIELD_RE.match(text)
+    if m is None:
+        return None
+    import json
+
+    try:
+        val = json.loads(m.group(1))
+    except ValueError:
+        return None
+    if not isinstance(val, str):
+        return None
+    val = _ESCAPED_EOL_RE.sub("", val.rstrip("\r\n")).rstrip("\r\n")
+    return val if val.strip() and "\n" not in val else None
+
+
 def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     s = _clean(raw)
     wrap_time: str | None = None
@@ -528,6 +558,19 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
                     wrap_dt = _parse_iso(m.group(1))
                     text = text[m.end() :]
                     c = text[:1]
+    if c == ">":
+        # a quoted line under a shipper's wrapper ("vllm-1  | > Nov 30 ... kernel: ...")
+        text = _strip_markdown(text)
+        c = text[:1]
+    if (c == " " or c == '"') and '": "' in text[:48]:
+        # one field of a pretty-printed JSON log entry (see _JSON_FIELD_RE): read the record in it
+        rec = _json_field_record(text)
+        if rec is not None:
+            ev = _parse_line(rec, file, lineno)
+            ev.raw = s
+            if ev.time is None and wrap_time is not None:
+                ev.time_text, ev.time = wrap_time, wrap_dt
+            return ev
     if (
         (c.isalpha() or (c.isdigit() and "月" in text[1:3]))
         and len(text) > 16
@@ -723,8 +766,16 @@ def _glued_starts(line: str) -> list[int]:
 # a vLLM record header inside a line, after a space: where a paste that turned line ends into
 # spaces put the next record ("... self.all_reduce(data) ERROR 11-04 18:02:56 [file.py:597] ...")
 _INLINE_HDR_RE = re.compile(
-    r"(?<=\s)(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[[\w./<>-]+:\d+\] "
+    # vLLM >= 0.6 brackets the source ("[file.py:597] "); older releases wrote "file.py:597] "
+    r"(?<=\s)(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[\w./<>-]+:\d+\] "
 )
+
+
+def record_header_after(line: str, pos: int) -> bool:
+    """True when another vLLM record header ("ERROR 06-19 11:25:01 [x.py:1] ") starts after `pos`
+    in `line`: a paste whose line ends became spaces glued a later record onto this one."""
+    # every header ends its source location with "] ": one C-level find keeps the common line cheap
+    return line.find("] ", pos) >= 0 and _INLINE_HDR_RE.search(line, pos) is not None
 
 
 def _spaced_records(line: str) -> list[str]:
