@@ -51,11 +51,10 @@ def _namespace_init(unshare_pid: int, timeout: float = 10.0) -> psutil.Process:
     raise AssertionError("unshare started no child")
 
 
-def test_pid1_supervisor_reaps_reparented_orphans(up_factory: Any) -> None:
-    why = _can_unshare()
-    if why:
-        pytest.skip(why)
-    u: Up = up_factory(faults="api-crash signal=KILL after=2 incarnation=1; orphans incarnation=1")
+def _start_as_pid1(u: Up) -> psutil.Process:
+    """Start `xpu-serve up` on `u`'s config as PID 1 of a new PID namespace (unshare, as docker
+    without --init); returns the namespace's PID 1 as seen from the host, once its state.json
+    says pid 1."""
     u.out = open(u.tmp / "up-0.out", "w")  # noqa: SIM115  (closed by kill_all)
     u.proc = subprocess.Popen(  # type: ignore[assignment]
         ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "xpu_serve", "up",
@@ -65,9 +64,18 @@ def test_pid1_supervisor_reaps_reparented_orphans(up_factory: Any) -> None:
         text=True,
         start_new_session=True,
     )
-    sup = _namespace_init(u.proc.pid)
+    sup = _namespace_init(u.proc.pid)  # type: ignore[union-attr]
     u.wait_for(lambda: u.state().get("supervisor_pid") == 1, 30, "state.json of the PID-1 supervisor")
     u.run_ids.add(u.state()["run_id"])
+    return sup
+
+
+def test_pid1_supervisor_reaps_reparented_orphans(up_factory: Any) -> None:
+    why = _can_unshare()
+    if why:
+        pytest.skip(why)
+    u: Up = up_factory(faults="api-crash signal=KILL after=2 incarnation=1; orphans incarnation=1")
+    sup = _start_as_pid1(u)
     st = u.wait_tree(2, timeout=60)  # incarnation 1 crashed (API server SIGKILL) and was replaced
     assert st["restarts"] == 1
     failed = u.events("failed")[0]
@@ -102,18 +110,7 @@ def test_pid1_supervisor_reaps_detached_grandchildren_it_sweeps(up_factory: Any)
             "command": ["sh", "-c", 'setsid sleep 1000 & exec "$0" -m xpu_serve.sim serve "$@"', sys.executable]
         }
     )
-    u.out = open(u.tmp / "up-0.out", "w")  # noqa: SIM115  (closed by kill_all)
-    u.proc = subprocess.Popen(  # type: ignore[assignment]
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "xpu_serve", "up",
-         "-c", str(u.config), "--log-format", "json"],
-        stdout=u.out,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    sup = _namespace_init(u.proc.pid)
-    u.wait_for(lambda: u.state().get("supervisor_pid") == 1, 30, "state.json of the PID-1 supervisor")
-    u.run_ids.add(u.state()["run_id"])
+    sup = _start_as_pid1(u)
     u.wait_tree(1, timeout=60)
     sleeper = [p for p in sup.children(recursive=True) if p.name() == "sleep"]
     assert sleeper, "the detached grandchild runs"

@@ -1749,26 +1749,10 @@ class LogPump:
                 # numbers; the per-process files and the echo say where to find them.
                 first = self._lineno + 1
                 self._lineno += nlines
-                self._dropped_lines += nlines
-                self._dropped_bytes += nbytes
-                msg = (
-                    f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes) here: the supervisor could not "
-                    f"keep up; vllm.log has them (lines {first}-{self._lineno})"
-                )
-                for name in self._dest_names | set(out.dest) or {"unprefixed"}:
-                    out.list_for(name).append(msg)
-                out.echo.append(self._tag + msg + "\n")
+                self._not_forwarded(out, nlines, nbytes, f"vllm.log has them (lines {first}-{self._lineno})")
             elif kind == _UDROP:
                 # Neither forwarded nor in vllm.log (a disk error): no line numbers.
-                self._dropped_lines += nlines
-                self._dropped_bytes += nbytes
-                msg = (
-                    f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes) here: the supervisor could not "
-                    f"keep up; vllm.log could not take them either (write error)"
-                )
-                for name in self._dest_names | set(out.dest) or {"unprefixed"}:
-                    out.list_for(name).append(msg)
-                out.echo.append(self._tag + msg + "\n")
+                self._not_forwarded(out, nlines, nbytes, "vllm.log could not take them either (write error)")
             elif kind == _DROP:
                 # The stream's held partial line was cut by the drop: it goes too (its newline,
                 # in the dropped bytes, is already in nlines).
@@ -1885,6 +1869,19 @@ class LogPump:
         """A uvicorn access line for one of `echo_quiet_paths` with a status below 400."""
         m = _ACCESS_RE.search(line)
         return m is not None and m.group(1) in self._quiet and int(m.group(2)) < 400
+
+    def _not_forwarded(self, out: _Batch, nlines: int, nbytes: int, where: str) -> None:
+        """Count lines the relay did not forward and mark the spot in every per-process file
+        and the echo ("... dropped N lines (B bytes) here: ...; `where`")."""
+        self._dropped_lines += nlines
+        self._dropped_bytes += nbytes
+        msg = (
+            f"[xpu-serve] dropped {nlines} lines ({nbytes} bytes) here: the supervisor could not "
+            f"keep up; {where}"
+        )
+        for name in self._dest_names | set(out.dest) or {"unprefixed"}:
+            out.list_for(name).append(msg)
+        out.echo.append(self._tag + msg + "\n")
 
     def _marker(self, out: _Batch, msg: str) -> None:
         out.vllm.append(msg.encode() + b"\n")
