@@ -156,12 +156,14 @@ def native(text: str) -> None:
     _write_fd(2, text.encode("utf-8", "replace"))
 
 
-def ccl(level: str, msg: str, rank: int | None = None) -> None:
+def ccl(level: str, msg: str, rank: int | None = None, more: str = "") -> None:
     """One oneCCL log line, native on stderr: ``2026:03:26-04:12:18: 7986:[0] |CCL_WARN| msg``
-    (``7986 |CCL_WARN|`` when `rank` is None). `level` is "WARN" or "ERROR"."""
+    (``7986 |CCL_WARN|`` when `rank` is None). `level` is "WARN" or "ERROR". `more`: the lines
+    oneCCL prints with it in the same log call (a CCL_THROW_IF_NOT's message), written in the
+    same write() so another rank's line never lands between them."""
     t = time.strftime("%Y:%m:%d-%H:%M:%S", time.localtime())
     who = f"{os.getpid()}:[{rank}]" if rank is not None else f"{os.getpid()}"
-    native(f"{t}: {who} |CCL_{level}| {msg}\n")
+    native(f"{t}: {who} |CCL_{level}| {msg}\n{more}")
 
 
 def traceback_text(frames: list[tuple[str, int, str, str]], exc: str, caret: bool = False) -> str:

@@ -364,8 +364,7 @@ class WorkerProc:
         """oneCCL fails in XPUWorker.init_device's warm-up all_reduce (the IPC handle exchange
         cannot open a device fd): CCL_ERROR lines natively, then vLLM's ``WorkerProc failed to
         start.`` traceback; the worker reports the failure and exits 1 (vLLM worker_main)."""
-        vlog.ccl("ERROR", _CCL_FD_COND, self.rank)
-        vlog.native(_CCL_FD_MSG + "\n")
+        vlog.ccl("ERROR", _CCL_FD_COND, self.rank, more=_CCL_FD_MSG + "\n")
         torch = "/usr/local/lib/python3.12/dist-packages/torch"
         frames = [
             (
