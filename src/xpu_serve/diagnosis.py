@@ -151,11 +151,13 @@ _COLLECTIVE_FRAME_RE = re.compile(
 # vllm/entrypoints/openai/protocol.py (OpenAIBaseModel.__log_extra_fields__) logs the names of a
 # request's unknown fields, which the client chooses: "The following fields were present in the
 # request but ignored: {'EngineDeadError'}".
-_REQUEST_HANDLER_LOC_RE = re.compile(r"serving(?:_\w+)?\.py:")
 _USER_TEXT_RE = re.compile(
     r'(?:\[?[0-9A-Fa-f:.]+\]?:\d+ - "|Received request |Generated response '
     r"|The following fields were present in the request but ignored)"
 )
+# the code location of vLLM's OpenAI request handlers (entrypoints/openai/serving_*.py): an
+# exception they log is one request's failure (a 400), not the server's
+_REQUEST_HANDLER_LOC_RE = re.compile(r"serving(?:_\w+)?\.py:")
 
 
 # first characters of a line that may continue a kernel record: indentation, or a digit (a

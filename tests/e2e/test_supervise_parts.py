@@ -419,14 +419,20 @@ def test_stop_tree_continues_a_stopped_member() -> None:
         p.wait()
 
 
+def _mount_tmpfs(mnt: Path, options: str) -> Path:
+    """Mount a real tmpfs with `options` at `mnt` (made here); skips the test where mount is not
+    permitted (not root). The caller unmounts it (`umount -l`)."""
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    return mnt
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Any:
     """A real 2 MB tmpfs (root only; skipped where mount is not permitted); lazily unmounted."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    mnt = _mount_tmpfs(tmp_path / "tiny", "size=2m")
     try:
         yield mnt
     finally:
@@ -468,11 +474,7 @@ def test_state_rewritten_in_place_when_the_disk_is_full(tiny_tmpfs: Path) -> Non
 def test_state_rewritten_in_place_when_no_inode_is_left(tmp_path: Path) -> None:
     """A real tmpfs with 8 inodes (root only): the temp file of the atomic write cannot even be
     created (ENOSPC from open); state.json is rewritten in place instead of going stale."""
-    mnt = tmp_path / "ino"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=8", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    mnt = _mount_tmpfs(tmp_path / "ino", "size=4m,nr_inodes=8")
     try:
         assert write_state(mnt, {"state": "ready", "incarnation": 1}) == "atomic"
         i = 0
