@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -273,6 +274,33 @@ def test_dump_stacks_python_and_non_python(children: list[subprocess.Popen[bytes
     assert set(stacks) == {py, sleeper}
     assert "very_distinct_function_name" in stacks[py]
     assert stacks[sleeper].startswith("# py-spy")
+
+
+def test_dump_stacks_of_a_stopped_multithreaded_process() -> None:
+    """A SIGSTOPped worker (the real-vLLM hang test stops one) is read without pausing it: py-spy's
+    own pause can trip over the pending group-stop ("Failed to suspend process")."""
+    code = (
+        "import threading, time, sys\n"
+        "def stopped_worker_spin():\n"
+        "    while True: time.sleep(0.01)\n"
+        "for _ in range(3): threading.Thread(target=stopped_worker_spin, daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "stopped_worker_spin()\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        os.kill(p.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while b") T " not in Path(f"/proc/{p.pid}/stat").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        text = dump_stacks([p.pid], timeout_s=15)[p.pid]
+        assert text.startswith("# taken with --nonblocking: the process was stopped\n"), text[:300]
+        assert text.count("stopped_worker_spin") >= 4, text  # main thread + 3 threads
+        assert b") T " in Path(f"/proc/{p.pid}/stat").read_bytes()  # still stopped: py-spy did not resume it
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_hang_trigger_takes_stacks_itself(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:

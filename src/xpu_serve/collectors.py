@@ -38,6 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
@@ -529,6 +531,14 @@ def find_py_spy() -> str | None:
     return str(cand) if cand.exists() else None
 
 
+def _is_stopped(pid: int) -> bool:
+    """True when `pid` is in job-control or trace stop (psutil status "stopped"/"tracing-stop")."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.Error, OSError):
+        return False
+
+
 def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict[int, str]:
     """Python stacks of live processes, taken with `py-spy dump --pid N` (all pids at once).
 
@@ -540,7 +550,8 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
 
     Returns: pid -> the dump text, or a one-line explanation starting with "# py-spy" when it
     failed (not installed, timed out, no permission to ptrace, not a Python process). Never raises.
-    py-spy pauses each process briefly while it reads its memory; call it before any kill.
+    py-spy pauses each process briefly while it reads its memory; call it before any kill. A
+    stopped process (SIGSTOP) is read with `--nonblocking` and its text starts with a line saying so.
     """
     exe = find_py_spy()
     if not exe:
@@ -549,10 +560,22 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
     threads = []
 
     def one(pid: int) -> None:
+        t0 = time.monotonic()
         argv = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
-        r = run_tool(argv, timeout_s)
+        # A process in job-control stop (SIGSTOP, a debugger) is already paused: py-spy's own
+        # pause (PTRACE_INTERRUPT, then waitpid) can see the pending group-stop instead and
+        # fail with "Failed to suspend process / unexpected waitpid result ... SIGSTOP"
+        # (py-spy src/python_spy.rs get_stack_traces). Reading it without pausing is consistent.
+        stopped = _is_stopped(pid)
+        r = run_tool(argv + (["--nonblocking"] if stopped else []), timeout_s)
+        if r.returncode != 0 and not r.timed_out and not stopped and "suspend" in (r.stderr or ""):
+            left = timeout_s - (time.monotonic() - t0)
+            if left > 0.2:  # it stopped or began stopping during the first try
+                r2 = run_tool(argv + ["--nonblocking"], left)
+                if r2.returncode == 0 and r2.stdout.strip():
+                    r, stopped = r2, True
         if r.returncode == 0 and r.stdout.strip():
-            results[pid] = r.stdout
+            results[pid] = ("# taken with --nonblocking: the process was stopped\n" if stopped else "") + r.stdout
         elif r.timed_out:
             results[pid] = f"# py-spy dump --pid {pid} timed out after {timeout_s:g}s\n"
         else:

@@ -156,7 +156,8 @@ def _wait_new_bundle(r: Run, before: int, timeout_s: float) -> Path:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         b = _bundles(r.sup.runtime)
-        if len(b) > before and all((x / "incident.json").is_file() for x in b[before:]):
+        # bundle.json is written last (bundle.py): incident.json lands before the stacks do
+        if len(b) > before and all((x / "bundle.json").is_file() for x in b[before:]):
             return b[-1]
         time.sleep(0.2)
     raise AssertionError(f"no new bundle in {timeout_s:.0f} s; state {r.sup.state()}\n{r.sup.output_tail()}")
