@@ -260,7 +260,8 @@ def test_hang_detected_from_metrics_with_stacks(
     assert ev.extra["detected_by"] == "xpu-serve hang watchdog (/metrics)"
     assert "1 running, 0 waiting" in ev.text
     detected_after = trig.at - hang_started[0]
-    assert 1.5 * 0.9 <= detected_after <= 1.5 * 1.2 + 0.3, detected_after
+    # at the hang window, not at some later poll: the upper bound is generous (a loaded 2-core CI VM)
+    assert 1.5 * 0.9 <= detected_after <= 1.5 + 3.0, detected_after
     stacks = ev.extra["stacks"]
     assert isinstance(stacks, dict) and set(stacks) == {python_proc.pid}
     assert "serve_forever" in stacks[python_proc.pid], stacks[python_proc.pid]

@@ -84,7 +84,8 @@ def test_worker_hang_detected_before_vllm_with_stacks(tmp_path: Path, up_factory
     assert trigger["kind"] == "hang"
     # detection (the verdict, before the stack dumps) measured from the last token the client got
     detected_after = trigger["at"] - chunks[-1]
-    assert after_s * 0.9 <= detected_after <= after_s * 1.2, detected_after
+    # at the hang window, long before vLLM's own (scaled) 10 s timeout; generous for a loaded CI VM
+    assert after_s * 0.9 <= detected_after <= after_s + 3.0, detected_after
     stacks = sorted((bundle / "stacks").iterdir())
     assert len(stacks) >= 5  # API server, EngineCore and 4 workers, minus none: all alive while hung
     worker_stacks = [p.read_text() for p in stacks if "Worker_TP1" in p.name]
