@@ -337,6 +337,9 @@ def test_3_worker_sigstop_midstream_hang_caught_before_vllm(step: Run) -> None:
     text = "".join(p.read_text(errors="replace") for p in stacks)
     # py-spy dump prints "Thread 0x... (idle): ..." then one "func (file.py:line)" per frame
     r.expect(not stacks or "Thread" in text, f"stacks do not look like py-spy dumps: {text[:300]!r}")
+    # the stopped worker itself, the one that matters most (read with --nonblocking: it is stopped)
+    own = [p.read_text(errors="replace") for p in stacks if p.name.startswith(f"{victim.pid}-")]
+    r.expect(bool(own) and "Thread" in own[0], f"no py-spy dump of the stopped worker: {own[:1]!r}")
 
     st = r.sup.wait_state("ready", READY_TIMEOUT_S, incarnation_at_least=inc0 + 1)
     r.figures["sigstop_to_ready_again"] = round(time.time() - t_stop[0], 1)
