@@ -141,6 +141,17 @@ def test_bad_tables_are_rejected_with_the_row_named(doc, msg) -> None:  # type: 
         ("Abgebrochen (Speicherabzug geschrieben)", "shell-job-signal", "SIGABRT"),
         ("[1]+  Killed                  vllm serve /models/x", "shell-job-signal", "SIGKILL"),
         ("Getötet", "shell-job-signal", "SIGKILL"),
+        # a launcher's exit status in the shell's 128+N form (docker compose, a container platform)
+        ("vllm-1 exited with code 139", "exit-status-signal", "SIGSEGV"),
+        ("0s0n9esxgd0u45[error]worker exited with exit code 136", "exit-status-signal", "SIGFPE"),
+        ("vllm-server terminated with exit status 134", "exit-status-signal", "SIGABRT"),
+        # systemd's unit report (the journal's pid is systemd's own)
+        (
+            "Nov 30 08:31:02 gpu-host systemd[1]: vllm.service: Main process exited, code=dumped, status=11/SEGV",
+            "systemd-exit-signal",
+            "SIGSEGV",
+        ),
+        ("vllm.service: Main process exited, code=killed, status=9/KILL", "systemd-exit-signal", "SIGKILL"),
         # abseil/glog failure handler (Ray workers) and UCX's error handler
         ("*** SIGSEGV received at time=1722289279 on cpu 61 ***", "failure-signal-handler", "SIGSEGV"),
         (
@@ -228,5 +239,70 @@ def test_cuda_runtime_oom_wordings_are_device_oom() -> None:
     ],
 )
 def test_guc_pagefault_kv_and_mpi_shapes(line: str, row: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vllm-1 exited with code 143",  # SIGTERM: a stop (docker compose down), not a crash
+        "vllm-1 exited with code 130",  # SIGINT (Ctrl-C)
+        "vllm-1 exited with code 1",  # an ordinary error exit: the process's own lines say why
+        "worker exited with exit code 0",
+        "vllm-1 exited with code 1370",
+        "vllm.service: Main process exited, code=killed, status=15/TERM",  # systemctl stop
+        "vllm.service: Main process exited, code=exited, status=1/FAILURE",  # an error exit, no signal
+    ],
+)
+def test_exit_status_signal_needs_a_crash_signal(line: str) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert got is None or got[0].id not in ("exit-status-signal", "systemd-exit-signal"), line
+
+
+@pytest.mark.parametrize(
+    ("line", "row"),
+    [
+        ("      Reason:       OOMKilled", "container-oom-killed"),  # kubectl describe pod
+        ("    lastState: {terminated: {exitCode: 137, reason: OOMKilled}}", "container-oom-killed"),
+        ('            "OOMKilled": true,', "container-oom-killed"),  # docker inspect
+        ('            "OOMKilled": false,', None),
+    ],
+)
+def test_container_oom_kill_reports(line: str, row: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+
+
+@pytest.mark.parametrize(
+    ("line", "row"),
+    [
+        # vLLM's weight-loading bars (model_loader/weight_utils.py) are start-up progress
+        (
+            "Loading safetensors checkpoint shards:  50% Completed | 8/16 [01:27<01:28, 11.02s/it]",
+            "ms-load-shards",
+        ),
+        ("Loading pt checkpoint shards:  25% Completed | 1/4 [00:03<00:09,  3.10s/it]", "ms-load-shards"),
+        ("Multi-thread loading shards:   0% Completed | 0/32 [00:00<?, ?it/s]", "ms-load-shards"),
+        # torch.compile in the profile run that sizes the KV cache
+        (
+            "(VllmWorker rank=0 pid=299) INFO 04-18 18:08:20 [monitor.py:33] torch.compile takes 15.67 s in total",
+            "ms-compile",
+        ),
+        (
+            "(Worker_TP0 pid=160) INFO 05-20 20:36:19 [backends.py:1148] Dynamo bytecode transform time: 88.00 s",
+            "ms-compile",
+        ),
+        # the API server's start-up handshake failed with or without an exit code
+        (
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            "engine-core-proc-failed",
+        ),
+        ("Failed core proc(s): {'EngineCore_DP0': -9}", "engine-core-proc-failed"),
+        # the source of that message (pytest lists it) is not the message
+        ('                    f"Failed core proc(s): {finished}"', None),
+    ],
+)
+def test_startup_progress_and_handshake_shapes(line: str, row: str | None) -> None:
     got = TABLE.match(parse_line(line), in_traceback=False)
     assert (got[0].id if got else None) == row, line

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import signal
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -184,6 +185,18 @@ def death_signal(ev: Event) -> str | None:
     code = ev.extra.get("exit_code")
     if code is not None:
         return _EXIT_SIG.get(str(code))
+    num = ev.extra.get("signum")  # a signal number (systemd's "status=11/SEGV")
+    if num is not None and str(num).isdigit():
+        try:
+            return signal.Signals(int(str(num))).name
+        except ValueError:
+            return None
+    status = ev.extra.get("exit_status")  # a shell/launcher exit status 128+N: killed by signal N
+    if status is not None and str(status).isdigit() and 128 < int(str(status)) < 160:
+        try:
+            return signal.Signals(int(str(status)) - 128).name
+        except ValueError:
+            return None
     return None
 
 
@@ -1506,6 +1519,10 @@ class Analyzer:
         if sid in ("engine-core-died-unexpectedly", "engine-core-proc-failed"):
             pid = next((p for p, n in self.pid_name.items() if n.startswith("EngineCore")), None)
             return "EngineCore", None, pid
+        if sid in ("systemd-exit-signal", "exit-status-signal", "container-oom-killed"):
+            # a launcher (systemd, docker, a container platform) reports its child: the journal
+            # prefix's pid ("systemd[1]:") is the launcher's, not the dead process's
+            return None, None, None
         if ev.source == "process" and ev.process:
             return normalize_process(ev.process, ev.rank), ev.rank, ev.pid
         pid = ev.pid
