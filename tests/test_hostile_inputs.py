@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from xpu_serve import exitcodes
 
@@ -35,7 +38,8 @@ def test_bundles_show_never_follows_a_symlink_out_of_the_bundle(tmp_path: Path) 
     r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
     assert r.returncode == exitcodes.OK, r.stderr
     assert "SECRET-HASH" not in r.stdout + r.stderr
-    assert "state: complete" in r.stdout
+    # a manifest saying complete is not believed when incident.json cannot be read (break-it 4)
+    assert "state: INCOMPLETE" in r.stdout and "incident.json missing or unreadable" in r.stdout
     r = _xs("bundles", "list", "--runtime-dir", str(tmp_path / "rt"), "--json")
     assert "SECRET-HASH" not in r.stdout
     # a link to an endless device is not read either
@@ -52,7 +56,8 @@ def test_bundles_show_manifest_of_wrong_types(tmp_path: Path) -> None:
     r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
     assert r.returncode == exitcodes.OK, r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
-    assert "state: partial" in r.stdout  # "yes" is not a completed manifest
+    # "yes" is not a completed manifest, and the writer did finish: damaged, not partial
+    assert "state: INCOMPLETE" in r.stdout and "bundle.json unreadable" in r.stdout
 
 
 def test_diagnose_refuses_a_symlink_inside_a_bundle(tmp_path: Path) -> None:
@@ -122,3 +127,98 @@ def test_diagnose_read_error_names_the_file() -> None:
     r = _xs("diagnose", "/proc/self/mem")
     assert r.returncode == exitcodes.USAGE
     assert r.stderr.strip() == "xpu-serve diagnose: /proc/self/mem: cannot read: Input/output error"
+
+
+@pytest.mark.parametrize(
+    "incident, manifest, problem",
+    [
+        (None, {"complete": True, "files": [], "errors": []}, "incident.json missing or unreadable"),
+        (b"{", {"complete": True, "files": [], "errors": []}, "incident.json missing or unreadable"),
+        (b'{"summary": "x"}', b"\x8d\x00garbage", "bundle.json unreadable"),
+    ],
+)
+def test_bundles_list_does_not_call_a_damaged_bundle_complete(
+    tmp_path: Path, incident: bytes | None, manifest: Any, problem: str
+) -> None:
+    """Break-it 4: a bundle whose incident.json was missing or garbage while bundle.json said
+    complete was listed `yes`; a garbage bundle.json was called "partial (the writer did not
+    finish)". Now both are `no` with what is damaged, and diagnose still reads the logs."""
+    b = _bundle(tmp_path)
+    (b / "logs" / "vllm.log").write_text("x\n")
+    if incident is not None:
+        (b / "incident.json").write_bytes(incident)
+    (b / "bundle.json").write_bytes(manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode())
+    r = _xs("bundles", "list", "--runtime-dir", str(tmp_path / "rt"))
+    assert r.returncode == exitcodes.OK, r.stderr
+    row = r.stdout.splitlines()[1]
+    assert row.split()[5] == "no" and f"DAMAGED: {problem}" in row, row
+    r = _xs("bundles", "list", "--runtime-dir", str(tmp_path / "rt"), "--json")
+    (info,) = json.loads(r.stdout)
+    assert info["complete"] is False and info["problem"] == problem
+    r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
+    assert r.returncode == exitcodes.OK and "state: INCOMPLETE, " in r.stdout and problem in r.stdout
+
+
+def test_status_of_a_dead_supervisor_promises_no_restart(tmp_path: Path) -> None:
+    """Break-it 4: state.json of a supervisor killed in backoff showed `next restart ... (in 1.2 s)`,
+    a restart nobody would do. Now it says none is coming."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    import time
+
+    (rt / "state.json").write_text(json.dumps(
+        {"state": "backoff", "supervisor_pid": 2**22 + 7, "incarnation": 1, "restarts": 0,
+         "next_restart_at": time.time() + 30}
+    ))
+    r = _xs("status", "--runtime-dir", str(rt))
+    assert r.returncode == exitcodes.FAILURE, r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("next restart"))
+    assert "none: the supervisor that planned it" in row and "(in " not in row, row
+
+
+@pytest.mark.parametrize("incident", ["[" * 100000 + "]" * 100000, '{"supervisor": 5}', '{"supervisor": {"processes": 7}}'])
+def test_diagnose_bundle_with_a_hostile_incident_json(tmp_path: Path, incident: str) -> None:
+    """Break-it 4: an incident.json nested 100000 deep made `diagnose BUNDLE` end in "internal
+    error: RecursionError" (exit 1). The incident is only a source of live facts: the verdict
+    comes from the logs, exit 0."""
+    b = _bundle(tmp_path)
+    (b / "incident.json").write_text(incident)
+    (b / "logs" / "vllm.log").write_text(
+        "(Worker_TP0 pid=11) INFO 11-30 18:18:26 [gpu_model_runner.py:4481] Starting to load model m...\n"
+        "Fatal Python error: Segmentation fault\n"
+    )
+    r = _xs("diagnose", str(b))
+    assert r.returncode == exitcodes.OK, r.stderr
+    assert "internal error" not in r.stderr and r.stdout.startswith("VERDICT:"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("where", ["model", "runtime_dir", "command"])
+def test_check_with_a_path_component_too_long_is_a_finding(tmp_path: Path, where: str) -> None:
+    """Break-it 4: a 300-character path component in engine.model, runtime_dir or
+    engine.command[0] made `check` end in "internal error: OSError: [Errno 36] File name too long"
+    (exit 1). Now it is an error finding naming the field, exit 2."""
+    long = "/" + "a" * 300
+    cfg: dict[str, Any] = {"engine": {"model": "org/name"}, "runtime_dir": str(tmp_path / "rt")}
+    field = {"model": "engine.model", "runtime_dir": "runtime_dir", "command": "engine.command[0]"}[where]
+    if where == "model":
+        cfg["engine"]["model"] = long
+    elif where == "runtime_dir":
+        cfg["runtime_dir"] = long
+    else:
+        cfg["engine"]["command"] = [long]
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg))
+    r = _xs("check", "-c", str(tmp_path / "c.yaml"))
+    assert r.returncode == exitcodes.USAGE, r.stdout + r.stderr
+    assert "internal error" not in r.stderr
+    errors = [ln for ln in r.stdout.splitlines() if ln.startswith("error")]
+    assert any(f"{field} {long}: File name too long" in ln for ln in errors), r.stdout
+
+
+def test_check_model_that_is_a_fifo(tmp_path: Path) -> None:
+    """Break-it 4: engine.model naming a FIFO was reported as "does not exist"."""
+    fifo = tmp_path / "model"
+    os.mkfifo(fifo)
+    (tmp_path / "c.yaml").write_text(json.dumps({"engine": {"model": str(fifo)}, "runtime_dir": str(tmp_path / "rt")}))
+    r = _xs("check", "-c", str(tmp_path / "c.yaml"))
+    assert r.returncode == exitcodes.USAGE
+    assert f"engine.model {fifo} is neither a directory nor a regular file" in r.stdout, r.stdout

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tarfile
 import threading
 import time
@@ -90,7 +91,9 @@ class BundleInfo:
         id: folder name without suffix; path: the folder (None if only the tar is left);
         tar: the .tar.gz or None; created: epoch seconds (from the id's UTC time);
         incarnation; cause; summary: one sentence; complete: from bundle.json, None while being
-        written or when the writer was cut off; size_bytes: folder + tar.
+        written or when the writer was cut off, False when the folder is damaged whatever the
+        manifest says; problem: what is damaged ("incident.json missing or unreadable",
+        "bundle.json unreadable"; "" when nothing); size_bytes: folder + tar.
     """
 
     id: str
@@ -102,6 +105,7 @@ class BundleInfo:
     summary: str = ""
     complete: bool | None = None
     size_bytes: int = 0
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -646,9 +650,22 @@ def scan_bundles(bundles_dir: Path) -> list[BundleInfo]:
             precise = sup.get("created_epoch") if isinstance(sup, dict) else None
             if isinstance(precise, (int, float)) and abs(precise - info.created) < 1.0:
                 info.created = float(precise)  # orders bundles taken within one second
-            man = _json_dict(read_bundle_file(info.path, "bundle.json"))
+            raw_man = read_bundle_file(info.path, "bundle.json")
+            man = _json_dict(raw_man)
             done = man.get("complete")
             info.complete = done if isinstance(done, bool) else None
+            # a manifest that says "complete" is not believed for a folder whose parts are gone or
+            # garbage (a copy cut short, a hand edit, a disk error): `bundles list` said "yes" for
+            # a bundle with no incident.json
+            # (only once the manifest exists: before that the writer may still be at work)
+            damage = []
+            if raw_man is not None and not isinstance(done, bool):
+                damage.append("bundle.json unreadable")
+            if raw_man is not None and not inc:
+                damage.append("incident.json missing or unreadable")
+            if damage:
+                info.complete = False
+                info.problem = "; ".join(damage)
     return sorted(found.values(), key=_sort_key)
 
 
@@ -792,12 +809,19 @@ def serve_bundle_request(ctx: IncarnationContext, request: Path) -> BundleResult
     write the snapshot bundle, write `<request>.done.json`. Never raises."""
     taken = _answer_path(request, ".taken")
     try:
+        # only a regular file is a request (`request_bundle` writes one): reading a FIFO dropped
+        # here blocked this thread forever, and with it every later request of the incarnation
+        # and one worker of the event loop's default executor (break-it 4)
+        if not stat.S_ISREG(os.lstat(request).st_mode):
+            return None
         os.rename(request, taken)
     except OSError:
         return None
     note = None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        note = json.loads(taken.read_text()).get("note")
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, RecursionError):
+        raw = read_regular(taken, 64 << 10, follow=False)  # non-blocking, capped, never a link
+        note = json.loads(raw or b"{}").get("note")
+        note = note if isinstance(note, str) else None
     res = write_snapshot_bundle(ctx, note)
     done = _answer_path(request, ".done.json")
     with contextlib.suppress(OSError):

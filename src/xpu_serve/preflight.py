@@ -98,6 +98,13 @@ def _size(n: float) -> str:
 
 def check_engine(cfg: Config, env: dict[str, str]) -> Finding:
     """The engine's argv[0] exists and is executable (looked up on the engine's PATH)."""
+    try:
+        return _check_engine(cfg, env)
+    except OSError as e:  # ENAMETOOLONG, EACCES on a parent...: Path.is_file() raises them
+        return Finding("error", "engine", f"engine.command[0] {cfg.engine.command[0]}: {e.strerror or e}")
+
+
+def _check_engine(cfg: Config, env: dict[str, str]) -> Finding:
     exe = cfg.engine.command[0]
     if "/" in exe:
         p = Path(exe)
@@ -114,6 +121,13 @@ def check_engine(cfg: Config, env: dict[str, str]) -> Finding:
 def check_model(cfg: Config) -> Finding:
     """The model is an existing local path (a directory with config.json, or a file), or looks
     like a hub id ORG/NAME (not checked: no network)."""
+    try:
+        return _check_model(cfg)
+    except OSError as e:  # (break-it 4: a 300-character path component was an internal error)
+        return Finding("error", "model", f"engine.model {cfg.engine.model}: {e.strerror or e}")
+
+
+def _check_model(cfg: Config) -> Finding:
     model = cfg.engine.model
     p = Path(model).expanduser()
     if p.is_dir():
@@ -122,6 +136,9 @@ def check_model(cfg: Config) -> Finding:
         return Finding("warning", "model", f"{model} is a directory without config.json")
     if p.is_file():
         return Finding("ok", "model", f"{model} is a file")
+    if os.path.lexists(p):  # a FIFO, a socket, a device, a dangling link: vLLM cannot load it
+        what = "a dangling symlink" if p.is_symlink() else "neither a directory nor a regular file"
+        return Finding("error", "model", f"engine.model {model} is {what}")
     if model.startswith(("/", "./", "../", "~")):
         return Finding("error", "model", f"engine.model {model} does not exist")
     if _HUB_ID.fullmatch(model):
@@ -339,6 +356,13 @@ def check_kernel_log(cfg: Config, kmsg: Path) -> Finding:
 
 def check_runtime_dir(runtime_dir: str) -> Finding:
     """The runtime directory exists and is writable, or can be created."""
+    try:
+        return _check_runtime_dir(runtime_dir)
+    except OSError as e:
+        return Finding("error", "runtime-dir", f"runtime_dir {runtime_dir}: {e.strerror or e}")
+
+
+def _check_runtime_dir(runtime_dir: str) -> Finding:
     p = Path(runtime_dir).expanduser()
     probe = p
     while not probe.exists() and probe != probe.parent:

@@ -61,6 +61,15 @@ EXIT_WINDOW_S = 0.15
 # uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
+# Signals whose default action ends the process and that the supervisor has no use for (signal(7)):
+# handled as "logged, ignored" so that a stray one does not orphan the server. SIGQUIT (core dump,
+# asked for on purpose), SIGKILL/SIGSTOP (cannot be caught) and the synchronous fault signals are
+# left alone; SIGPIPE is already ignored by Python.
+STRAY_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, n)
+    for n in ("SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR", "SIGIO", "SIGSTKFLT", "SIGXCPU", "SIGXFSZ")
+    if hasattr(signal, n)
+) + tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
 
 
 def set_aside_old_logs(log_dir: Path) -> Path | None:
@@ -274,6 +283,8 @@ class Supervisor:
         self._kill_now = False
         self._restart_requested = False
         self._sigint_count = 0
+        self._stray_logged: dict[int, float] = {}  # signal -> monotonic time last logged
+        self._signal_logged: dict[int, float] = {}
         self._lock = RuntimeLock(self.runtime_dir)
         self._popen: subprocess.Popen[bytes] | None = None
         self._engine_sessions: set[int] = set()  # session ids of this run's engines (PID-1 reaper)
@@ -340,26 +351,60 @@ class Supervisor:
                 with contextlib.suppress(Exception):
                     fn()
 
+    def _repeat(self, signum: int) -> bool:
+        """True for the same signal again within a second of the last one logged: a storm of
+        SIGTERM/SIGHUP (a script in a loop) wrote one event line per signal (break-it 4: 300
+        lines for 300 signals); the request is the same, so it is acted on but not logged."""
+        now = time.monotonic()
+        last = self._signal_logged.get(signum)
+        if last is not None and now - last < 1.0:
+            return True
+        self._signal_logged[signum] = now
+        return False
+
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
             self.request_scan()
         elif signum == signal.SIGHUP:
-            self.log.emit("signal", "SIGHUP: planned restart")
+            if not self._repeat(signum):
+                self.log.emit("signal", "SIGHUP: planned restart")
             self.request_restart()
         elif signum == signal.SIGINT:
             self._sigint_count += 1
-            self.log.emit(
-                "signal", "SIGINT: stopping" if self._sigint_count == 1 else "SIGINT again: kill at once"
-            )
+            if self._sigint_count <= 2 or not self._repeat(signum):
+                self.log.emit(
+                    "signal", "SIGINT: stopping" if self._sigint_count == 1 else "SIGINT again: kill at once"
+                )
             self.request_stop(kill_now=self._sigint_count > 1)
         else:
-            self.log.emit("signal", f"{signal_name(signum)}: stopping")
+            if not self._repeat(signum):
+                self.log.emit("signal", f"{signal_name(signum)}: stopping")
             self.request_stop()
 
+    def _on_stray_signal(self, signum: int) -> None:
+        """A signal whose default action would end the supervisor (and leave the vLLM tree
+        orphaned) but that means nothing to it: logged (at most once a second per signal), ignored."""
+        now = time.monotonic()
+        last = self._stray_logged.get(signum)
+        if last is None or now - last >= 1.0:
+            self._stray_logged[signum] = now
+            self.log.emit(
+                "signal",
+                f"{signal_name(signum)}: ignored (SIGTERM or SIGINT stops, SIGHUP restarts, SIGUSR1 takes a bundle)",
+            )
+
     def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGTERM/SIGINT stop, SIGHUP planned restart, SIGUSR1 scan for `xpu-serve bundle` requests."""
+        """SIGTERM/SIGINT stop, SIGHUP planned restart, SIGUSR1 scan for `xpu-serve bundle` requests.
+
+        Every other signal whose default action terminates the process (`STRAY_SIGNALS`: SIGUSR2,
+        SIGALRM, SIGPROF, real-time signals...) is logged and ignored: a stray `kill -USR2` must
+        not kill the supervisor and orphan a running server. These are Python-level handlers, not
+        SIG_IGN, so the engine's processes still get the default dispositions after exec."""
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             loop.add_signal_handler(s, self._on_signal, s)
+        for stray in STRAY_SIGNALS:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                loop.add_signal_handler(stray, self._on_stray_signal, stray)
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -753,6 +798,24 @@ class Supervisor:
             )
         # what we could not attribute now is looked at again after our first incarnation
         self._carry_candidates = set(seg.kept)
+        # say that the previous supervisor died (kill -9, OOM killer, power loss) and, when it died
+        # while capturing, that an incident has no finished bundle: before, a kill -9 mid-capture
+        # whose tree had already exited left no trace in the next run's events (break-it 4)
+        pstate = prev.get("state")
+        if isinstance(pstate, str) and pstate not in ("stopped", "gave-up"):
+            inc = prev.get("incarnation")
+            msg = (
+                f"previous supervisor (pid {prev.get('supervisor_pid')}, run {old_run}) ended without a clean "
+                f"stop while {pstate} (incarnation {inc})"
+            )
+            if pstate in ("failed", "capturing"):
+                reason = prev.get("reason")
+                msg += (
+                    f"; the incident it was capturing{f' ({reason})' if isinstance(reason, str) and reason else ''}"
+                    f" has no finished bundle (`xpu-serve diagnose` on its logs in {self.runtime_dir}/logs/{inc}"
+                    f" or logs/{inc}.prev gives the verdict)"
+                )
+            self.log.emit("orphans", msg, previous_state=pstate, previous_incarnation=inc)
 
     # ---- one incarnation -------------------------------------------------------------------
 
@@ -1270,7 +1333,7 @@ class Supervisor:
 
     async def _capture(self, ctx: Incarnation) -> dict[str, Any]:
         """Record the incident: analysis and bundle, before anything is killed."""
-        self._set_state("capturing")
+        self._set_state("capturing", ctx.trigger.detail if ctx.trigger is not None else None)
         await self._settle()
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
@@ -1577,7 +1640,30 @@ def run_supervisor(config: Config, runtime_dir: Path, log: EventLog, echo: bool 
     sup = Supervisor(config, runtime_dir, log=log, echo=echo)
 
     async def main() -> int:
-        sup.install_signal_handlers(asyncio.get_running_loop())
-        return await sup.run()
+        loop = asyncio.get_running_loop()
+        sup.install_signal_handlers(loop)
+        try:
+            return await sup.run()
+        finally:
+            # the server is stopped and swept: from here on a signal has nothing left to do. Left
+            # to asyncio, closing the loop restored the default actions, and a SIGTERM of a storm
+            # arriving then killed the exiting supervisor (exit -15 instead of 0; break-it 4)
+            _ignore_signals_from_now_on(loop)
 
     return asyncio.run(main())
+
+
+def _ignore_signals_from_now_on(loop: asyncio.AbstractEventLoop) -> None:
+    """Replace the loop's signal handlers by SIG_IGN (the loop would reset them to SIG_DFL when it
+    closes). The main thread blocks them meanwhile, so the switch has no default-action window."""
+    sigs = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, *STRAY_SIGNALS}
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        for s in sigs:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                loop.remove_signal_handler(s)
+                signal.signal(s, signal.SIG_IGN)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)

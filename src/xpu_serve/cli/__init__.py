@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
         for sig in (signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
+        # the same for the signals the supervisor logs and ignores (supervisor.STRAY_SIGNALS,
+        # not imported here: that import is what takes the time)
+        for name in ("SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR", "SIGIO", "SIGSTKFLT"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

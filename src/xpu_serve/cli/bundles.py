@@ -83,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'ID':<{width}}  {'CAUSE':<20} {'INC':>4} {'SIZE':>10}  {'COMPLETE':<8}  SUMMARY")
         for b in bundles:
             comp = {True: "yes", False: "no", None: "partial"}[b.complete]
+            text = f"DAMAGED: {b.problem}" if b.problem else b.summary
             print(f"{b.id:<{width}}  {b.cause:<20} {b.incarnation:>4} {_size(b.size_bytes):>10}  {comp:<8}  "
-                  f"{_words(b.summary, 100)}")
+                  f"{_words(text, 100)}")
         return exitcodes.OK
     if not getattr(args, "id", None):
         print(f"xpu-serve bundles {action}: an ID is required (see `xpu-serve bundles list`)", file=sys.stderr)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"bundle {b.id}")
     print(f"path: {b.path or '-'}" + (f"\ntar: {b.tar}" if b.tar else ""))
     comp = {True: "complete", False: "INCOMPLETE", None: "partial (the writer did not finish)"}[b.complete]
-    print(f"state: {comp}, {_size(b.size_bytes)}")
+    print(f"state: {comp}, {_size(b.size_bytes)}" + (f" (damaged: {b.problem})" if b.problem else ""))
     print()
     if summary:
         print(summary.rstrip("\n"))

@@ -233,7 +233,10 @@ def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> li
         )
     if st.get("time_to_ready_s") is not None:
         rows.append(("time to ready", f"{st['time_to_ready_s']:.1f} s"))
-    if st.get("next_restart_at"):
+    if st.get("next_restart_at") and not alive:
+        # (break-it 4: a dead supervisor's countdown read as a restart that would still come)
+        rows.append(("next restart", f"none: the supervisor that planned it for {_t(st['next_restart_at'])} is gone"))
+    elif st.get("next_restart_at"):
         rows.append(
             (
                 "next restart",
@@ -266,6 +269,10 @@ def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> li
             ended = " exited (status unknown)"
         elif isinstance(p.get("pid"), int) and not _same_process_alive(p["pid"], p.get("started_at")):
             ended = " gone"  # (stopped with the tree, or died after state.json was written)
+        elif not alive and isinstance(p.get("pid"), int):
+            # the supervisor was killed (kill -9, OOM killer) and this process still runs, unwatched;
+            # the next `up` on this runtime directory stops it (orphans sweep)
+            ended = " ORPHANED (still running, no supervisor; `up` on this runtime directory stops it)"
         rank = f" rank {p['rank']}" if p.get("rank") is not None else ""
         rows.append(("process", f"{p.get('name')} pid {p.get('pid')}{rank}{ended}"))
     return rows
