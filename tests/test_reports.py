@@ -152,6 +152,30 @@ def test_exception_from_argument_or_config_checks_is_config_error(tmp_path: Path
     assert _verdict_of(tmp_path, model)["cause"] == "process-exception"
 
 
+def test_headless_exception_line_counts_only_at_error_level(tmp_path: Path) -> None:
+    # vLLM logs a traceback line by line at ERROR (logger.exception); a paste that kept only the
+    # exception line still names the failure and its process
+    line = "(EngineCore_DP0 pid=77) ERROR 05-11 06:53:08 [core.py:938] RuntimeError: kernel launch check failed\n"
+    got = _verdict_of(tmp_path, line)
+    assert (got["cause"], got["root"]["process"], got["root"]["pid"]) == ("process-exception", "EngineCore", 77)
+    # the same words in an INFO/WARNING message are not an exception
+    for level in ("INFO", "WARNING"):
+        assert _verdict_of(tmp_path, line.replace(" ERROR ", f" {level} "))["cause"] == "unknown"
+
+
+def test_uncaught_cxx_exception_is_the_root_of_the_abort(tmp_path: Path) -> None:
+    # std::terminate after an exception that names no more specific failure: the exception is the
+    # root, the shell's report of the SIGABRT (bash or zsh wording) follows from it
+    head = "terminate called after throwing an instance of 'std::runtime_error'\n  what():  bad state in solver\n"
+    for tail in ("Aborted (core dumped)\n", "zsh: abort (core dumped)  ./solver\n", "[1]    9149 IOT instruction  ./solver\n"):
+        got = _verdict_of(tmp_path, head + tail)
+        assert got["cause"] == "process-exception", tail
+        assert got["root"]["line"] == 1
+        assert [c["signature"] for c in got["consequences"]] in (["shell-job-signal"], ["zsh-job-signal"]), tail
+    # the shell's report alone stays a crash by signal
+    assert _verdict_of(tmp_path, "zsh: segmentation fault (core dumped)  python x.py\n")["cause"] == "process-crash"
+
+
 # ---- several incidents in one input: an operator pastes a whole journal (incident, restart, incident)
 CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
 
@@ -389,3 +413,19 @@ def test_launcher_exit_status_is_a_crash_only_for_crash_signals(tmp_path: Path) 
     )
     got = _verdict_of(tmp_path, kill + "vllm-1 exited with code 137\n")
     assert (got["cause"], got["root"]["line"]) == ("host-oom", 1)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # i915 intel_uncore.c fw_domain_wait_ack_set; xe xe_force_wake.c domain_wake_wait
+        "[    2.95] i915 0000:00:10.0: [drm] *ERROR* gt: timed out waiting for forcewake ack request.",
+        "[  812.33] xe 0000:03:00.0: [drm] *ERROR* Tile0: GT0: Force wake domain 0 failed to ack wake (-ETIMEDOUT) "
+        "reg[0xd88] = 0x0",
+        # i915 intel_guc_ct.c, upstream wording (GuC tag) and the backport's (category tag)
+        "[ 9001.10] i915 0000:4d:00.0: [drm] *ERROR* GT0: GUC: CT: No response for request 0x5503 (fence 168)",
+        "[ 9001.12] i915 0000:30:00.0: [drm] tlb invalidation response timed out for seqno 3",
+    ],
+)
+def test_gt_not_responding_records_are_gpu_faults(tmp_path: Path, line: str) -> None:
+    assert _verdict_of(tmp_path, line + "\n")["cause"] == "gpu-fault"

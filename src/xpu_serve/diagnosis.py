@@ -99,6 +99,9 @@ _SIGNAME = {
     "floating point exception": "SIGFPE",
     "illegal instruction": "SIGILL",
     "killed": "SIGKILL",
+    # zsh's job reports (Src/signames2.awk names SIGIOT = SIGABRT on Linux "IOT instruction")
+    "iot instruction": "SIGABRT",
+    "illegal hardware instruction": "SIGILL",
     # the shell's job reports in other languages (glibc strsignal translations: po/de.po, fr.po, ...)
     "speicherzugriffsfehler": "SIGSEGV",
     "erreur de segmentation": "SIGSEGV",
@@ -138,6 +141,7 @@ _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
 # header (such a line reports an earlier crash, it is not one)
 _SIGNAL_DUMPS = frozenset({"fatal-python-error", "failure-signal-handler", "native-crash-dump"})
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
+_TB_LEVELS = frozenset({"ERROR", "CRITICAL"})  # levels vLLM logs tracebacks at (logger.exception)
 # the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
 # pynccl wrapper, oneCCL bindings): the crash is the collective library's
 _COLLECTIVE_FRAME_RE = re.compile(
@@ -215,6 +219,12 @@ def normalize_process(name: str | None, rank: int | None = None) -> str | None:
     if name.startswith("VLLM::EngineCor"):
         return "EngineCore"
     return name
+
+
+def _order_of(ev: Event) -> int:
+    """The order in which the analysis read the event (0 when unknown)."""
+    o = ev.extra.get("_order", 0)
+    return o if isinstance(o, int) else 0
 
 
 def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
@@ -422,6 +432,9 @@ class Analyzer:
             )
             or self._ac is None
             or self._ac.find_matches_as_indexes(line)
+            # an ERROR record of a vLLM process (rare in a healthy log): its message may be the
+            # exception line of a traceback whose head the paste lost (see _ingest)
+            or (pid is not None and line.find(" ERROR ", 0, 200) >= 0)
         ):
             return self._slow(line, file, lineno)
         self._last_line[file] = line
@@ -528,6 +541,7 @@ class Analyzer:
                     and _indented(line)
                 )
                 or (idx in hitset if use_hits else (ac_find is None or bool(ac_find(line))))
+                or (pid is not None and line.find(" ERROR ", 0, 200) >= 0)  # see _feed_fast
             ):
                 self.lines += n
                 n = 0
@@ -660,9 +674,18 @@ class Analyzer:
                     # prints them only in tracebacks): the exception line follows
                     self._tb[key] = [1, self._order, self._order]
                     group = self._order
-            elif st is None and _EXC_LINE_RE.match(text) and self._after_carets(pid, file):
+            elif (
+                st is None
+                and _EXC_LINE_RE.match(text)
+                and (self._after_carets(pid, file) or (src == "vllm" and ev.level in _TB_LEVELS))
+            ):
                 # the exception line right under caret marks that took the fast path (a paste
-                # that starts at the end of a traceback): it is the traceback's exception line
+                # that starts at the end of a traceback): it is the traceback's exception line.
+                # Also an ERROR record of a vLLM logger whose message *is* an exception line: vLLM
+                # logs a traceback line by line with the same prefix (logger.exception in
+                # vllm/v1/engine/core.py run_engine_core, multiproc_executor.py worker_busy_loop)
+                # and never words a message of its own as "SomeError: ..."; a paste that kept only
+                # that line lost the traceback's head, not its meaning
                 self._tb[key] = [3, self._order, self._order]
                 group = self._order
                 in_tb = True
@@ -961,6 +984,14 @@ class Analyzer:
             return
         tev = t[1]
         tev.extra["what"] = ev.text.strip()[7:].strip()
+        if tev.role == "root" and tev.cause == "process-crash" and tev.extra["what"]:
+            # the escaped exception says what failed: the process died of that exception (its
+            # cause when a row knows it, else an exception), and std::terminate's SIGABRT
+            # follows from it (see _incident)
+            if sig is None:
+                tev.cause = "process-exception"
+            elif sig.role == "root" and sig.cause is not None:
+                tev.cause = sig.cause
         if sig is not None and sig.role == "consequence" and tev.role == "root":
             tev.role = "consequence"
             tev.extra["teardown"] = True
@@ -1076,6 +1107,24 @@ class Analyzer:
                 else:
                     keep0.append(e)
             cands = keep0
+        terminates = [e for e in cands if e.signature == "cxx-terminate" and e.cause != "process-crash"]
+        if terminates:
+            # std::terminate aborts the process (SIGABRT, libstdc++ __terminate -> abort): the shell's
+            # "Aborted (core dumped)" or an exit by SIGABRT read after the uncaught exception in the
+            # same file is that abort, not a separate crash
+            first_t = min(terminates, key=lambda e: _order_of(e))
+            keep_t = []
+            for e in cands:
+                if (
+                    e.cause == "process-crash"
+                    and death_signal(e) == "SIGABRT"
+                    and e.file == first_t.file
+                    and _order_of(e) > _order_of(first_t)
+                ):
+                    demoted.append(e)
+                else:
+                    keep_t.append(e)
+            cands = keep_t
         detections = [e for e in cands if e.cause == "engine-hang" and e.signature != "bare-timeout-error"]
         if detections:
             # vLLM's own hang detection (the execute-model RPC timeout) makes EngineCore raise and
@@ -1111,6 +1160,13 @@ class Analyzer:
                     ev.cause == "process-exception"
                     and not _REFAISE_RE.search(ev.text)
                     and self._same_second(first_death, ev)
+                    # a shell's or launcher's report of the death is printed after the process
+                    # ended: what was read before it in the same file happened before the death
+                    and not (
+                        first_death.source == "text"
+                        and ev.file == first_death.file
+                        and _order_of(ev) < _order_of(first_death)
+                    )
                 )
                 if (
                     ev.source != "kernel"
