@@ -178,3 +178,27 @@ def test_operator_snapshot_from_the_running_supervisor(tmp_path: Path, up_factor
     time.sleep(0.5)
     assert not [e for e in up.events() if e.get("event") == "failed"]  # a snapshot is not a failure
     assert up.stop() == 0
+
+
+def test_operator_snapshot_during_backoff_is_written_at_once(tmp_path: Path, up_factory: Any) -> None:
+    """`xpu-serve bundle` while the supervisor waits in backoff: no incarnation runs, so nobody would
+    answer the request (before: a silent wait, then "did not answer"). The command says so and
+    writes the snapshot itself at once; the supervisor is not disturbed (still in backoff)."""
+    up = up_factory("worker-segv rank=1 after=5 incarnation=1",
+                    extra={"supervision.restart.initial_delay_s": 60, "supervision.restart.max_delay_s": 60})
+    up.wait_event("restart-scheduled", 60)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "xpu_serve", "bundle", "--runtime-dir", str(up.runtime), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert f"supervisor (pid {up.proc.pid}) is in backoff: no server running; writing the bundle here" in r.stderr
+    assert "did not answer" not in r.stderr
+    ans = json.loads(r.stdout)
+    assert ans["taken_by"] == "xpu-serve bundle (standalone)", ans
+    assert Path(ans["path"]).name.endswith("-snapshot") and (Path(ans["path"]) / "bundle.json").is_file()
+    assert took < 30, took  # no request wait (ack 3 s + the full answer timeout) before writing
+    state = json.loads((up.runtime / "state.json").read_text())
+    assert state["state"] == "backoff" and up.proc.poll() is None
+    reqs = up.runtime / "requests"
+    assert not (reqs.is_dir() and list(reqs.glob("bundle-*.json")))  # no request left for incarnation 2

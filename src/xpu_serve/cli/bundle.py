@@ -81,6 +81,18 @@ def _same_process(pid: int, started_at: Any) -> bool:
         return True
 
 
+def _between_incarnations(runtime_dir: Path) -> str | None:
+    """"in backoff" / "given up" / "stopped" when state.json (xpu_serve.state) says no incarnation
+    of the supervisor runs now, else None (also when state.json is unreadable). Never raises."""
+    from xpu_serve.state import read_state
+
+    try:
+        st = (read_state(runtime_dir) or {}).get("state")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return {"backoff": "in backoff", "gave-up": "given up", "stopped": "stopped"}.get(st) if isinstance(st, str) else None
+
+
 def standalone_context(runtime_dir: Path, config: Any, state: dict[str, Any] | None) -> StandaloneContext:
     """The context of the incarnation named in state.json: its live processes (pid reuse checked
     against their start times), else the supervisor's live descendants; kernel window from the
@@ -158,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
     wait_s = args.timeout if args.timeout is not None else 2 * ctimeout + 15.0
 
     holder = lock_holder(runtime_dir)
-    if holder is not None and not args.standalone:
+    between = _between_incarnations(runtime_dir) if holder is not None and not args.standalone else None
+    if between:
+        # the supervisor answers requests from its running incarnation's watchers; in backoff (or
+        # after it gave up) none runs, so a request would only wait out the timeout
+        print(f"supervisor (pid {holder}) is {between}: no server running; writing the bundle here", file=sys.stderr)
+    elif holder is not None and not args.standalone:
         try:
             req = bundle.request_bundle(runtime_dir, args.note)
         except OSError as e:
