@@ -306,3 +306,72 @@ def test_container_oom_kill_reports(line: str, row: str | None) -> None:
 def test_startup_progress_and_handshake_shapes(line: str, row: str | None) -> None:
     got = TABLE.match(parse_line(line), in_traceback=False)
     assert (got[0].id if got else None) == row, line
+
+
+@pytest.mark.parametrize(
+    "line,row",
+    [
+        # torch_npu HCCL_CHECK_ERROR under a V1 worker prefix (vllm-project/vllm-ascend#2712)
+        (
+            "(VllmWorker rank=1 pid=7226) ERROR 09-03 03:02:37 [multiproc_executor.py:522] RuntimeError: create_config:build/"
+            "CMakeFiles/torch_npu.dir/compiler_depend.ts:148 HCCL function error: hcclCommInitRootInfoConfig(numRanks, "
+            "&rootInfo, rank, config, &(comm->hcclComm_)), error code is 1",
+            "hccl-error",
+        ),
+        # PSM3's assert (uxlfoundation/oneCCL#109); its CMA warning before it is not evidence
+        (
+            "machine:rank1: Assertion failure at psm3/ptl_am/ptl.c:196: nbytes == req->req_data.recv_msglen",
+            "psm-assertion",
+        ),
+        (
+            "[1705415958.879795729] machine:rank1.cpu_allreduce_test: Reading from remote process' memory failed.",
+            None,
+        ),
+        # MPICH 4's internal_* wrapper in the abort banner (kokkos/kokkos-comm#139)
+        (
+            "Abort(810170127) on node 1 (rank 1 in comm 0): Fatal error in internal_Recv: Other MPI error, error stack:",
+            "mpi-init-abort",
+        ),
+        # Open MPI (NVIDIA/nccl-tests#295, microsoft/mscclpp#359)
+        (
+            "[node-b:825452] mtl_ofi_endpoint.h:49: *** The Open MPI OFI MTL is aborting the MPI job (via exit(3)).",
+            "openmpi-transport-abort",
+        ),
+        ("    [host:106967] *** Process received signal ***", "openmpi-signal"),
+        # Kunlun XCCL (baidu/vLLM-Kunlun#382)
+        ("[XCCL][init.cpp:1227] host <redacted-private-ip> addr_window check failed", "kunlun-xccl-error"),
+        # an xe devcoredump's text (intel/media-driver#1889)
+        ("**** Xe Device Coredump ****", "xe-devcoredump-text"),
+    ],
+)
+def test_collective_library_and_devcoredump_shapes(line: str, row: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+
+
+_TVM_DUMP = "!!!!!!! Segfault encountered !!!!!!!\n"
+
+
+@pytest.mark.parametrize(
+    "frames,cause",
+    [
+        # the first frame after the dump is oneCCL's: the collective library crashed (vllm-project/vllm#52386)
+        ("  ccl_comm::post_coll(...)\n  ccl_comm::allreduce_impl(...)\n", "collective-failure"),
+        # libc's signal delivery frames are skipped; the next frame decides (Open MPI backtrace shape)
+        (
+            "/lib/x86_64-linux-gnu/libc.so.6(+0x43090)[0x7fbffe22e090]\n"
+            "/usr/local/mscclpp/lib/libmscclpp.so.0(_ZN7mscclpp12TcpBootstrap14createUniqueIdEv+0xd)[0x7fbffea05fad]\n",
+            "collective-failure",
+        ),
+        # a collective frame only further down (a caller) does not make the crash the library's
+        ("  at::native::add_kernel(...)\n  ccl_comm::allreduce_impl(...)\n", "process-crash"),
+        # a collective frame 50 lines after the dump belongs to something else
+        ("\n" * 50 + "  ccl_comm::post_coll(...)\n", "process-crash"),
+    ],
+)
+def test_native_crash_frames_name_the_crashing_library(tmp_path, frames: str, cause: str) -> None:  # type: ignore[no-untyped-def]
+    from xpu_serve.diagnosis import diagnose_files
+
+    p = tmp_path / "input.log"
+    p.write_text(_TVM_DUMP + frames)
+    assert diagnose_files([p]).cause == cause

@@ -139,13 +139,46 @@ _DEATH_EVIDENCE = frozenset(
 _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
 # crash dumps a signal handler writes straight to stderr: never under a logger's INFO/WARNING
 # header (such a line reports an earlier crash, it is not one)
-_SIGNAL_DUMPS = frozenset({"fatal-python-error", "failure-signal-handler", "native-crash-dump"})
+_SIGNAL_DUMPS = frozenset(
+    {
+        "fatal-python-error",
+        "failure-signal-handler",
+        "native-crash-dump",
+        "ucx-caught-signal",
+        "openmpi-signal",
+    }
+)
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL"})  # levels vLLM logs tracebacks at (logger.exception)
 # the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
 # pynccl wrapper, oneCCL bindings): the crash is the collective library's
 _COLLECTIVE_FRAME_RE = re.compile(
     r'File "[^"]*(?:pynccl|/nccl|oneccl|torch_ccl|/ccl/)[^"]*"|\bin (?:nccl|ccl)[A-Z]\w*\s*$'
+)
+# crash dumps whose stack is native frames (tvm-ffi, abseil/glog, UCX, Open MPI; faulthandler's
+# "Fatal Python error" prints Python frames, read by _crash_frame), and how many lines after the
+# dump header its first frame may come (UCX prints a few header lines first; Open MPI's frames
+# may be interleaved with the program's own stdout)
+_NATIVE_DUMPS = frozenset(
+    {"native-crash-dump", "failure-signal-handler", "ucx-caught-signal", "openmpi-signal"}
+)
+_NATIVE_WINDOW = 20
+# a native stack frame line of a crash dump: glibc backtrace_symbols / Open MPI
+# ("lib.so.0(sym+0x1d)[0x7f..]", opal/util/stacktrace.c), abseil/glog ("@ 0x7f.. sym"), gdb/LLVM
+# ("#3 0x7f.. in sym"), tvm-ffi ("  ns::func(...)", vllm-project/vllm#52386)
+_NATIVE_FRAME_RE = re.compile(
+    r"\.so(?:\.[\d.]+)?\((?:[\w$.@]*(?:\+0x[0-9a-f]+)?)?\)|@\s+0x[0-9a-f]+\s+\S|#\d+\s+0x[0-9a-f]+|^\s*[A-Za-z_][\w:<>~]*::\w+\("
+)
+# frames that only show the signal being delivered (libc, the dynamic loader, the handler itself)
+_SIGNAL_FRAME_RE = re.compile(
+    r"libc\.so|libc-|libpthread|ld-linux|__restore_rt|\bkillpg\b|\braise\b|\babort\b|libucs|ucs_handle_error"
+    r"|libopen-pal|opal_|libc10\.so\(_ZN3c10\d+Error|FatalSignal|signal_handler|SignalHandler"
+)
+# the crashing frame is in a collective communication library (oneCCL, NCCL/RCCL, MPI, libfabric,
+# MSCCL++, HCCL): by name of the shared object or by (mangled) namespace
+_COLLECTIVE_NATIVE_RE = re.compile(
+    r"lib(?:ccl|nccl|rccl|mpi|fabric|mscclpp|hccl|psm\d)\w*\.so|\bccl_\w+::|\bccl::|\bnccl[A-Z]\w*"
+    r"|\bmscclpp::|_ZN\d*(?:mscclpp|ccl)\d|\bhccl[A-Z]\w*"
 )
 
 
@@ -342,6 +375,10 @@ class Analyzer:
         self._last_coredump: dict[str, tuple[int, Event]] = {}
         # (file, pid) -> (line, crash-dump roots) waiting for the dump's first Python frame
         self._crash_wait: dict[tuple[str, int | None], tuple[int, list[Event]]] = {}
+        # file -> last line number that may still hold a native frame of an open crash dump: those
+        # lines take the slow path (see _native_frame); empty in a log without a crash dump
+        self._frame_until: dict[str, int] = {}
+        self._native_seen: set[tuple[tuple[str, int | None], int]] = set()  # dumps whose first frame was read
         self.pid_rank: dict[int, int] = {}
         self.pid_name: dict[int, str] = {}
         self.world_size: int | None = None
@@ -435,6 +472,8 @@ class Analyzer:
             # an ERROR record of a vLLM process (rare in a healthy log): its message may be the
             # exception line of a traceback whose head the paste lost (see _ingest)
             or (pid is not None and line.find(" ERROR ", 0, 200) >= 0)
+            # the native frames under a crash dump (see _native_frame)
+            or (self._frame_until and self._frame_window(file, lineno))
         ):
             return self._slow(line, file, lineno)
         self._last_line[file] = line
@@ -509,6 +548,7 @@ class Analyzer:
         prefix_seen = self._prefix_seen
         last_kernel = self._last_kernel
         tb = self._tb
+        frame_until = self._frame_until
         n = 0
         lineno = first_lineno - 1
         for idx, line in enumerate(lines):
@@ -542,6 +582,7 @@ class Analyzer:
                 )
                 or (idx in hitset if use_hits else (ac_find is None or bool(ac_find(line))))
                 or (pid is not None and line.find(" ERROR ", 0, 200) >= 0)  # see _feed_fast
+                or (frame_until and self._frame_window(file, lineno))  # a crash dump's frames
             ):
                 self.lines += n
                 n = 0
@@ -613,8 +654,11 @@ class Analyzer:
         ev.extra["_order"] = self._order
         text = ev.text
         src = ev.source
-        if self._crash_wait and text.lstrip().startswith('File "'):
-            self._crash_frame(ev, file, lineno, self._last_line.get(file))
+        if self._crash_wait:
+            if text.lstrip().startswith('File "'):
+                self._crash_frame(ev, file, lineno, self._last_line.get(file))
+            elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
+                self._native_frame(ev, file, lineno)
         # time carried forward per file for lines without their own stamp (ordering only)
         t = ev.time
         if t is not None:
@@ -818,6 +862,8 @@ class Analyzer:
                 if cw is None or lineno - cw[0] > 60:
                     cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
                 cw[1].append(ev)
+                if sig.id in _NATIVE_DUMPS:
+                    self._frame_until[file] = lineno + _NATIVE_WINDOW
             if self._before_restart(ev, file):
                 # a kernel record from another file, stamped before the last restart: it belongs
                 # to the earlier incarnation (a kernel log read after the vLLM log)
@@ -975,6 +1021,42 @@ class Analyzer:
             for cev in cw[1]:
                 cev.cause = "collective-failure"
                 cev.extra["crash_frame"] = ev.text.strip()
+
+    def _frame_window(self, file: str, lineno: int) -> bool:
+        """True while `lineno` may hold the first native frame of a crash dump in `file`; the window
+        is dropped once past (so a log without open dumps pays one dict truth test per line)."""
+        until = self._frame_until.get(file)
+        if until is None:
+            return False
+        if lineno > until:
+            del self._frame_until[file]
+            return False
+        return True
+
+    def _native_frame(self, ev: Event, file: str, lineno: int) -> None:
+        """A native frame line within _NATIVE_WINDOW lines after a signal dump (tvm-ffi's "!!!!!!! Segfault
+        encountered !!!!!!!", Open MPI's "*** Process received signal ***", abseil, UCX): the first
+        frame that is not the signal's own delivery (libc, handler) is the crashing code; when it is
+        a collective library's, the crash is that library's. Later frames are callers: not read."""
+        key = (file, ev.pid)
+        cw = self._crash_wait.get(key)
+        if cw is None and ev.pid is not None:
+            key = (file, None)
+            cw = self._crash_wait.get(key)
+        if cw is None or lineno - cw[0] > _NATIVE_WINDOW or _SIGNAL_FRAME_RE.search(ev.text):
+            return
+        done = (key, cw[0])
+        if done in self._native_seen:
+            return
+        if len(self._native_seen) > 4096:  # a live log of many crashes: keep the memory bounded
+            self._native_seen.clear()
+        self._native_seen.add(done)  # the wait stays open for the dump's Python frames (_crash_frame)
+        self._frame_until.pop(file, None)
+        if _COLLECTIVE_NATIVE_RE.search(ev.text):
+            for cev in cw[1]:
+                if cev.cause == "process-crash":
+                    cev.cause = "collective-failure"
+                    cev.extra["crash_frame"] = ev.text.strip()
 
     def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
         """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
@@ -1567,7 +1649,13 @@ class Analyzer:
             pid = int(str(ev.extra["pid"]))
             r2 = self.pid_rank.get(pid)
             return normalize_process(self.pid_name.get(pid, "RayWorker"), r2), r2, pid
-        if sid in ("shell-job-signal", "ucx-caught-signal") and ev.extra.get("pid"):
+        if sid in (
+            "shell-job-signal",
+            "ucx-caught-signal",
+            "openmpi-signal",
+            "openmpi-transport-abort",
+            "hccl-error",
+        ) and ev.extra.get("pid"):
             # bash's job report: "run.sh: line 12: 40211 Segmentation fault (core dumped) python ..."
             pid = int(str(ev.extra["pid"]))
             r3 = self.pid_rank.get(pid)
