@@ -743,6 +743,14 @@ class Analyzer:
                     st[0] = 1
                     group = st[1]
                     if not _EXC_LINE_RE.match(stripped):
+                        if "mq.dequeue(" in stripped:
+                            # ... except the EngineCore's wait on its workers' response queue
+                            # (signatures.yaml worker-response-dequeue-frame): on the stack only
+                            # when the exception came from inside the wait, it is the trace of a
+                            # hang in an excerpt cut before the exception line. Kept out of the
+                            # traceback group so it never subsumes the exception line's own verdict.
+                            ev.text = stripped
+                            return ev if self._classify(ev, False, file, lineno) is not None else None
                         return None
                     if text[:1] in (" ", "\t"):
                         ev.text = stripped  # a traceback quoted with an indent (a report's list)
