@@ -283,8 +283,7 @@ class Supervisor:
         self._kill_now = False
         self._restart_requested = False
         self._sigint_count = 0
-        self._stray_logged: dict[int, float] = {}  # signal -> monotonic time last logged
-        self._signal_logged: dict[int, float] = {}
+        self._signal_logged: dict[int, float] = {}  # signal -> monotonic time last logged (_repeat)
         self._lock = RuntimeLock(self.runtime_dir)
         self._popen: subprocess.Popen[bytes] | None = None
         self._engine_sessions: set[int] = set()  # session ids of this run's engines (PID-1 reaper)
@@ -384,10 +383,7 @@ class Supervisor:
     def _on_stray_signal(self, signum: int) -> None:
         """A signal whose default action would end the supervisor (and leave the vLLM tree
         orphaned) but that means nothing to it: logged (at most once a second per signal), ignored."""
-        now = time.monotonic()
-        last = self._stray_logged.get(signum)
-        if last is None or now - last >= 1.0:
-            self._stray_logged[signum] = now
+        if not self._repeat(signum):
             self.log.emit(
                 "signal",
                 f"{signal_name(signum)}: ignored (SIGTERM or SIGINT stops, SIGHUP restarts, SIGUSR1 takes a bundle)",
