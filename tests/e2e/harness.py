@@ -167,12 +167,15 @@ class Up:
         return found
 
     def kill_all(self) -> None:
+        # segments this test's engine maps (the simulator's psm_* MessageQueue buffer, as vLLM's
+        # shm_broadcast): a SIGKILL teardown gives the supervisor no chance to remove them
+        mapped = {p for p in cleanup.segments_of(self.our_pids()) if p.startswith("/dev/shm/")}
         if self.proc is not None and self.proc.poll() is None:
             with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))  # type: ignore[union-attr]
             self.proc.wait(10)
         for pid in self.our_pids():
             with_suppress(lambda p=pid: os.kill(p, signal.SIGKILL))
-        for path in self.our_segments():
+        for path in {*self.our_segments(), *mapped}:
             with_suppress(lambda p=path: os.unlink(p))
         if hasattr(self, "out"):
             self.out.close()
