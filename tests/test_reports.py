@@ -33,6 +33,43 @@ _CUT_OR_STALL = (
 KNOWN_GAPS: dict[str, str] = {
     "unknown-shm-waits-during-torch-compile-tp2": _CUT_OR_STALL.format(what="torch.compile progress"),
     "unknown-mqllmengine-waits-while-loading-shards": _CUT_OR_STALL.format(what="the shard-loading bar"),
+    # batch 10a (Intel XPU, AMD)
+    "amdgpu-gfxhub-page-fault-enginecore-strix-halo-dmesg-T": (
+        "amdgpu's `[gfxhub] page fault (src_id:0 ring:24 vmid:8 pasid:200)` record (with its `Process VLLM::EngineCor "
+        "pid 7304` line) is not recognised as a GPU page fault: the verdict is unknown"
+    ),
+    "amdgpu-gfxhub-page-fault-journal-utcl2-tcp-gfx1151": (
+        "amdgpu's `[gfxhub] page fault ...` record and its `GCVM_L2_PROTECTION_FAULT_STATUS` decode after a journald "
+        "`kernel:` prefix are not recognised as a GPU page fault: the verdict is unknown"
+    ),
+    "amdgpu-mes-remove-queue-gpu-reset-dmesg-T-grep-780m": (
+        "amdgpu's `MES failed to respond to msg=REMOVE_QUEUE` / `MES might be in unrecoverable state, issue a GPU "
+        "reset` / `GPU reset begin!` records are not recognised (only ring timeouts are): the verdict is unknown"
+    ),
+    "hip-oom-lemonade-process-wrapper-gfx1151": (
+        "the cause is right but the `(EngineCore pid=2651)` prefix after the Lemonade wrapper "
+        "`2026-05-08 11:47:02.257 [Error] (Process) ` is not parsed, so the root names no process and no pid"
+    ),
+    "hsa-memory-access-fault-unprefixed-enginecore-890m": (
+        "the ROCr line `Memory access fault by GPU node-1 (Agent handle: ...) ... Reason: Page not present or "
+        "supervisor privilege.` is not recognised as the device faulting; the input reads as a start-up stall"
+    ),
+    "hsa-queue-aborting-hw-exception-json-event-lines": (
+        "ROCr's `Callback: Queue 0x... aborting with error : HSA_STATUS_ERROR_EXCEPTION ... code: 0x1016` inside "
+        "JSON-lines `data` strings is not recognised (neither the record nor the JSON wrapper): the verdict is unknown"
+    ),
+    "hsa-hw-exception-gpu-hang-glued-tqdm-mi300x": (
+        "ROCr's `HW Exception by GPU node-9 (Agent handle: ...) reason :GPU Hang` (the first glued onto a tqdm bar) "
+        "is not recognised as the device lost; only the shell's `Aborted (core dumped)` is, giving process-crash"
+    ),
+    "pi-out-of-host-memory-sycl-memset-a310-ollama": (
+        "`Native API returns: -6 (PI_ERROR_OUT_OF_HOST_MEMORY)` on a SYCL device memset is read as a generic SYCL "
+        "runtime error (process-exception), not as the runtime running out of memory (device-oom)"
+    ),
+    "xpu-device-count-zero-failed-to-infer-device-type": (
+        "vLLM's `RuntimeError: Failed to infer device type` (with torch's `XPU device count is zero!`) as a bare "
+        "line is not recognised as a start-up failure on the environment's configuration: the verdict is unknown"
+    ),
 }
 
 
