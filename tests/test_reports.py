@@ -74,6 +74,14 @@ KNOWN_GAPS: dict[str, str] = {
         "Talos' `192.0.2.19: kern: warning: [2026-04-22T21:29:21.342163186Z]: ` prefix is not recognised as a "
         "kernel record"
     ),
+    "k9s-box-ray-logging-cc-fatal-python-aborted": (
+        "`Fatal Python error: Aborted` (after Ray's `logging.cc:440` signal-handler frames) inside a k9s pane's "
+        "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
+    ),
+    "nvrm-xid13-xid31-unrecognized-client-time-only-stamps": (
+        "`NVRM: Xid (PCI:0000:1a:00): 13, Graphics Exception` behind a bare time-of-day stamp (`19:14:43  NVRM: ...`) "
+        "is not recognised as a kernel record"
+    ),
     "worker-tp1-stream-capture-unsupported-cudagraph": (
         "the worker's error-handler lines `(Worker_TP1 pid=15193) ERROR ... [multiproc_executor.py:962] Search for "
         "`cudaErrorStreamCaptureUnsupported' ...` (the tail of a CUDA error, its first line above the excerpt) are "
