@@ -70,6 +70,60 @@ KNOWN_GAPS: dict[str, str] = {
         "vLLM's `RuntimeError: Failed to infer device type` (with torch's `XPU device count is zero!`) as a bare "
         "line is not recognised as a start-up failure on the environment's configuration: the verdict is unknown"
     ),
+    "unknown-shard-loading-bars-only-96-shards": (
+        "bare tqdm lines `Loading safetensors checkpoint shards: 61% Completed | 59/96 [04:27<...]` advancing steadily "
+        "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
+        "without the ready line; nothing in the input shows a stall"
+    ),
+    "cpu-docker-enginecore-issue-json-400-mempolicy-noise": (
+        "the client's JSON body `EngineCore encountered an issue. See stack trace (above) for the root cause.` "
+        "(vLLM's EngineDeadError text) is not read as the engine core's death"
+    ),
+    "cuda-device-assert-gather-after-startup-complete": (
+        "PyTorch's CUDA device-side assertion on stderr (`IndexKernelUtils.cu:16: vectorized_gather_kernel: ... "
+        "Assertion ... failed.`, no vLLM prefix) is not recognised as a process exception"
+    ),
+    "cuda-device-assert-gather-grep-n-prefix-gb10": (
+        "the CUDA device-side assertion `vectorized_gather_kernel: ... Assertion ... failed.` behind a `grep -n` "
+        "line-number prefix (`14633:/pytorch/aten/...`) is not recognised as a process exception"
+    ),
+    "cuda-illegal-address-nccl-watchdog-glued-tqdm-v0": (
+        "`Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was "
+        "encountered` in a ProcessGroupNCCL record with its `[` cut (`rank0]:[E811 ...`) and a tqdm tail glued on "
+        "is not read"
+    ),
+    "cuda-no-kernel-image-portainer-stamp-pipe-blackwell": (
+        "`RuntimeError: CUDA error: no kernel image is available for execution on the device` behind a container "
+        "UI's `2025-05-30 18:28:27.890 | ` stamp-and-pipe prefix is not read"
+    ),
+    "enginecore-fatal-collective-rpc-get-response-one-running": (
+        "`EngineCore encountered a fatal error` whose first frame is `collective_rpc` -> `result = get_response(w, "
+        "dequeue_timeout)` after a scheduler dump with `num_running_reqs=1` is not taken as the engine waiting on "
+        "its workers (the input ends before the exception line)"
+    ),
+    "journald-bash-engine-process-failed-systemd-exit": (
+        "`RuntimeError: Engine process failed to start. See stack trace for the root cause.` behind a journald "
+        "`localhost bash[367371]:` prefix (then systemd's `Main process exited, code=exited, status=1/FAILURE`) is "
+        "not read as the engine process's death"
+    ),
+    "nvrm-xid119-gsp-timeout-talos-kern-prefix": (
+        "`NVRM: Xid (PCI:0000:0b:00): 119, ... Timeout after 45s of waiting for RPC response from GPU3 GSP!` behind "
+        "Talos' `192.0.2.19: kern: warning: [2026-04-22T21:29:21.342163186Z]: ` prefix is not recognised as a "
+        "kernel record"
+    ),
+    "k9s-box-ray-logging-cc-fatal-python-aborted": (
+        "`Fatal Python error: Aborted` (after Ray's `logging.cc:440` signal-handler frames) inside a k9s pane's "
+        "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
+    ),
+    "nvrm-xid13-xid31-unrecognized-client-time-only-stamps": (
+        "`NVRM: Xid (PCI:0000:1a:00): 13, Graphics Exception` behind a bare time-of-day stamp (`19:14:43  NVRM: ...`) "
+        "is not recognised as a kernel record"
+    ),
+    "worker-tp1-stream-capture-unsupported-cudagraph": (
+        "the worker's error-handler lines `(Worker_TP1 pid=15193) ERROR ... [multiproc_executor.py:962] Search for "
+        "`cudaErrorStreamCaptureUnsupported' ...` (the tail of a CUDA error, its first line above the excerpt) are "
+        "not taken as Worker_TP1's exception"
+    ),
 }
 
 
