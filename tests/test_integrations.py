@@ -68,14 +68,18 @@ def test_notifier_sends_ready_once_status_and_stopping(notify_sock) -> None:
     n.on_state(Status(state="starting", incarnation=1, restarts=0, supervisor_pid=1))
     n.on_state(Status(state="ready", incarnation=1, restarts=0, supervisor_pid=1))
     n.on_state(Status(state="failed", incarnation=1, restarts=0, supervisor_pid=1))
+    n.on_state(Status(state="stopping", incarnation=1, restarts=0, supervisor_pid=1))  # between restarts
     n.on_state(Status(state="ready", incarnation=2, restarts=1, supervisor_pid=1, last_incident={"cause": "process-crash"}))
-    n.on_state(Status(state="stopped", incarnation=2, restarts=1, supervisor_pid=1))
+    n.on_state(Status(state="stopping", incarnation=2, restarts=1, supervisor_pid=1, shutting_down=True))
+    n.on_state(Status(state="stopped", incarnation=2, restarts=1, supervisor_pid=1, shutting_down=True))
     msgs = _recv_all(sock)
     assert msgs[0] == "STATUS=starting, incarnation 1, 0 restarts"
     assert msgs[1] == "READY=1\nSTATUS=ready, incarnation 1, 0 restarts"
     assert msgs[2] == "STATUS=failed, incarnation 1, 0 restarts"
-    assert msgs[3] == "STATUS=ready, incarnation 2, 1 restart, last: process-crash"  # READY only once
-    assert msgs[4].startswith("STOPPING=1\nSTATUS=stopped")
+    assert msgs[3] == "STATUS=stopping, incarnation 1, 0 restarts"  # no STOPPING=1: the unit stays active
+    assert msgs[4] == "STATUS=ready, incarnation 2, 1 restart, last: process-crash"  # READY only once
+    assert msgs[5] == "STOPPING=1\nSTATUS=stopping, incarnation 2, 1 restart"
+    assert msgs[6] == "STATUS=stopped, incarnation 2, 1 restart"  # STOPPING=1 only once
     assert sum("READY=1" in m for m in msgs) == 1
 
 

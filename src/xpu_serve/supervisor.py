@@ -416,6 +416,7 @@ class Supervisor:
             last_incident=self.last_incident,
             next_restart_at=self.next_restart_at,
             reason=self.reason,
+            shutting_down=self._stop_requested or self.state == "gave-up",
         )
 
     def _write_state(self) -> None:

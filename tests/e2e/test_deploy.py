@@ -65,7 +65,11 @@ def test_notify_protocol_through_ready_crash_restart_and_stop(up_factory: Any, t
     assert any(m.startswith("READY=1") and "ready, incarnation 1" in m for m in msgs)
     assert "WATCHDOG=1" in msgs
     assert any("EXTEND_TIMEOUT_USEC=" in m for m in msgs)
-    assert "STOPPING=1" in msgs[-1]
+    # STOPPING=1 (systemd: the service is shutting down) only for the SIGTERM, once, never for the
+    # in-place restart of incarnation 1
+    stopping = [i for i, m in enumerate(msgs) if "STOPPING=1" in m]
+    assert len(stopping) == 1, msgs
+    assert "STATUS=stopping, incarnation 2" in msgs[stopping[0]]
 
 
 def _scrape(port: int) -> dict[str, float]:
