@@ -74,7 +74,8 @@ class Namespace:
     popen: subprocess.Popen[bytes]
     pid: int
     work: Path
-    shm_seen: set[str] = field(default_factory=set)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)  # XPU_SERVE_SIM_DIST_TAG of the engine
+    shm_seen: set[str] = field(default_factory=set)  # segments the engine's processes mapped
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         r = subprocess.run(
@@ -145,13 +146,14 @@ def ns() -> Iterator[Namespace]:
         yield n
     finally:
         if n is not None:
-            with_mapped = set(n.shm_seen)
-            os.kill(n.pid, signal.SIGKILL)
+            # a test that failed midway leaves the tree running: note what it maps before the kill
+            n.shm_seen |= cleanup.segments_of(_tree_pids(n.tag))
+            os.kill(n.pid, signal.SIGKILL)  # ends every process of the namespace
         popen.kill()
         popen.wait(30)
         log.close()
         if n is not None:
-            for path in with_mapped:
+            for path in n.shm_seen | {f"/dev/shm/{f}" for f in os.listdir("/dev/shm") if n.tag in f}:
                 if path.startswith("/dev/shm/"):
                     Path(path).unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -214,7 +216,7 @@ def _active(p: dict[str, str]) -> bool:
 
 
 def test_unit_under_real_systemd(ns: Namespace) -> None:
-    tag = uuid.uuid4().hex
+    tag = ns.tag
     port = _free_port()
     cfg = _config(ns.work, tag, port)
     exe = Path(sys.executable).parent / "xpu-serve"
@@ -291,6 +293,8 @@ def test_unit_under_real_systemd(ns: Namespace) -> None:
     assert prio.get("incident") == {"3"}, prio
     assert prio.get("detected") == {"4"}, prio
     assert ours and not any(m.startswith("<") for m in ours), "the <N> prefix reached the journal unparsed"
+    errors = ns.run("journalctl", "-u", unit, "-p", "err", "-o", "cat", "--no-pager").stdout
+    assert " xpu-serve: incident: " in errors and " xpu-serve: ready: " not in errors, errors
     print(
         f"\nreal systemd: ready after {t_ready1 - t0:.1f} s; worker crash seen at +{t_failed - t_ready1:.1f} s, "
         f"incarnation 2 ready {t_ready2 - t_failed:.1f} s later (unit {sorted(states)} throughout, NRestarts 0); "
