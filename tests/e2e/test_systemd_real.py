@@ -5,7 +5,8 @@ Boot recipe (/work/shared/notes/real-systemd.md): private tmpfs /tmp, /var/tmp a
 with the host's /tmp, systemd-tmpfiles empties it) and a target with DefaultDependencies=no (the
 default target starts whatever the host has installed). Units go into the namespace's
 /run/systemd/system. Everything the unit names (the venv, the repo, the config, the runtime
-directory) lives under the repository's `.systemd-test/` (git-ignored), outside those tmpfs.
+directory) lives under the repository's `.systemd-test/` (git-ignored); a repository under /tmp is
+bind-mounted back into the namespace after its tmpfs mounts.
 Teardown SIGKILLs the namespace's PID 1 (which ends every process in it) and removes the /dev/shm
 segments the killed tree left (/dev/shm is the host's).
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,6 +48,21 @@ BOOT_SCRIPT = (
     "> /run/systemd/system/xpu-test.target && "
     "exec /lib/systemd/systemd --system --unit=xpu-test.target"
 )
+# A checkout under /tmp (a CI clone may be there) would be hidden by the namespace's tmpfs: it is
+# bind-mounted to KEEP before the tmpfs mounts and back onto its own path after them, inside the
+# namespace only (unshare's mounts are private: the host sees none of this).
+KEEP = Path("/var/lib/xpu-serve-systemd-test")
+
+
+def _boot_script() -> str:
+    if not str(ROOT).startswith(tuple(p + "/" for p in PRIVATE)):
+        return BOOT_SCRIPT
+    root, keep = shlex.quote(str(ROOT)), shlex.quote(str(KEEP))
+    tmpfs, rest = BOOT_SCRIPT.split("mkdir -p /run/systemd/system", 1)
+    return (
+        f"mkdir -p {keep} && mount --bind {root} {keep} && {tmpfs}"
+        f"mkdir -p {root} && mount --bind {keep} {root} && mkdir -p /run/systemd/system{rest}"
+    )
 
 
 def _unavailable() -> str | None:
@@ -56,8 +73,6 @@ def _unavailable() -> str | None:
     for tool in ("unshare", "nsenter"):
         if not shutil.which(tool):
             return f"{tool} not found (util-linux)"
-    if str(ROOT).startswith(tuple(p + "/" for p in PRIVATE)):
-        return f"the repository {ROOT} is under {'/'.join(PRIVATE)}: hidden by the namespace's tmpfs"
     return None
 
 
@@ -128,7 +143,7 @@ def ns() -> Iterator[Namespace]:
     work.mkdir(parents=True)
     log = open(work / "boot.log", "wb")  # noqa: SIM115
     popen = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", BOOT_SCRIPT],
+        ["unshare", "--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", _boot_script()],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     n: Namespace | None = None
