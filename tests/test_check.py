@@ -246,3 +246,27 @@ def test_exit_code_rule() -> None:
     assert exit_code([ok, warn], strict=False) == 0
     assert exit_code([ok, warn], strict=True) == 1
     assert exit_code([warn, err], strict=False) == 2
+
+
+def test_render_group_missing_is_a_warning_naming_dri_access(
+    xpu_serve_cmd: list[str], tmp_path: Path, model_dir: Path
+) -> None:
+    import grp
+
+    from xpu_serve.preflight import check_render_group
+
+    def no_group(name: str) -> None:
+        raise KeyError(name)
+
+    missing = check_render_group(no_group)
+    assert missing.level == "warning" and missing.check == "render-group"
+    assert "/dev/dri/renderD*" in missing.message and "SupplementaryGroups=" in missing.message
+    assert check_render_group(lambda name: object()).level == "ok"
+    # the real command on this host reports whichever it is
+    try:
+        grp.getgrnam("render")
+        expected = "ok"
+    except KeyError:
+        expected = "warning"
+    _, doc = _check(xpu_serve_cmd, _config(tmp_path, model_dir, _free_port()), "--lib-dir", str(tmp_path))
+    assert [f["level"] for f in _by_check(doc, "render-group")] == [expected]

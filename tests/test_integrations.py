@@ -68,14 +68,18 @@ def test_notifier_sends_ready_once_status_and_stopping(notify_sock) -> None:
     n.on_state(Status(state="starting", incarnation=1, restarts=0, supervisor_pid=1))
     n.on_state(Status(state="ready", incarnation=1, restarts=0, supervisor_pid=1))
     n.on_state(Status(state="failed", incarnation=1, restarts=0, supervisor_pid=1))
+    n.on_state(Status(state="stopping", incarnation=1, restarts=0, supervisor_pid=1))  # between restarts
     n.on_state(Status(state="ready", incarnation=2, restarts=1, supervisor_pid=1, last_incident={"cause": "process-crash"}))
-    n.on_state(Status(state="stopped", incarnation=2, restarts=1, supervisor_pid=1))
+    n.on_state(Status(state="stopping", incarnation=2, restarts=1, supervisor_pid=1, shutting_down=True))
+    n.on_state(Status(state="stopped", incarnation=2, restarts=1, supervisor_pid=1, shutting_down=True))
     msgs = _recv_all(sock)
     assert msgs[0] == "STATUS=starting, incarnation 1, 0 restarts"
     assert msgs[1] == "READY=1\nSTATUS=ready, incarnation 1, 0 restarts"
     assert msgs[2] == "STATUS=failed, incarnation 1, 0 restarts"
-    assert msgs[3] == "STATUS=ready, incarnation 2, 1 restart, last: process-crash"  # READY only once
-    assert msgs[4].startswith("STOPPING=1\nSTATUS=stopped")
+    assert msgs[3] == "STATUS=stopping, incarnation 1, 0 restarts"  # no STOPPING=1: the unit stays active
+    assert msgs[4] == "STATUS=ready, incarnation 2, 1 restart, last: process-crash"  # READY only once
+    assert msgs[5] == "STOPPING=1\nSTATUS=stopping, incarnation 2, 1 restart"
+    assert msgs[6] == "STATUS=stopped, incarnation 2, 1 restart"  # STOPPING=1 only once
     assert sum("READY=1" in m for m in msgs) == 1
 
 
@@ -135,11 +139,17 @@ def test_unit_renders_and_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert keys["ExecStart"] == f"{exe} up -c {cfg.resolve()}"
     assert keys["KillMode"] == "mixed"
     assert keys["Restart"] == "on-failure"
-    assert keys["RestartPreventExitStatus"] == "4"
+    # config errors (2, 4) and a lock held by another supervisor (5): restarting cannot fix them
+    assert keys["RestartPreventExitStatus"].split() == ["2", "4", "5"]
+    assert keys["OOMPolicy"] == "continue"  # a host OOM kill of one worker is the supervisor's incident
+    assert "ExecReload" not in keys  # SIGHUP restarts vLLM, it re-reads nothing: no `systemctl reload`
+    assert keys["EnvironmentFile"] == "-/etc/xpu-serve/svc.env"
     assert keys["RestartSec"] == "120"
     assert int(keys["TimeoutStartSec"]) >= 1800
     assert int(keys["WatchdogSec"]) > 0
-    assert "render" in keys["SupplementaryGroups"].split()
+    # only groups that exist here: systemd fails every start on an unknown one (216/GROUP)
+    present = [g for g in ("render", "video") if _group_exists(g)]
+    assert keys.get("SupplementaryGroups", "").split() == present
     # the start limit can really trip: burst restarts fit inside the interval
     assert int(keys["StartLimitIntervalSec"]) > int(keys["StartLimitBurst"]) * (
         int(keys["RestartSec"]) + int(keys["TimeoutStartSec"])
@@ -151,6 +161,56 @@ def test_unit_renders_and_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     v = subprocess.run(["systemd-analyze", "verify", str(unit_path)], capture_output=True, text=True, timeout=60)
     # verify exits 0 even on unknown keys; any message on stderr is a defect in the unit
     assert v.returncode == 0 and v.stderr.strip() == "", v.stderr
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def test_unit_supplementary_groups_only_those_that_exist() -> None:
+    from xpu_serve.integrations.unit import host_groups
+
+    known = {"video": object()}
+    assert host_groups(("render", "video"), known.__getitem__) == ["video"]
+    assert host_groups(("render", "video"), {}.__getitem__) == []
+
+
+def test_unit_warns_for_each_variable_unset_under_systemd(tmp_path: Path) -> None:
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text(
+        "engine:\n  command: ['${VENV_PY}', '-m', 'x']\n  model: '${MODEL_DIR}/m'\n"
+        "  port: '${PORT:-8000}'\n  api_key: '${API_KEY}'\nruntime_dir: '${XPU_SERVE_PYTHON}.rt'\n"
+    )
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("# comment\nexport API_KEY=secret\n")
+    env = {"PATH": "/usr/bin:/bin", "VENV_PY": sys.executable, "MODEL_DIR": "/models", "API_KEY": "k"}
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--env-file", str(env_file),
+         "--watchdog-sec", "5", "--exec", "/opt/x/bin/xpu-serve"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    # PORT has a default, API_KEY is in the env file, XPU_SERVE_PYTHON is xpu-serve's own
+    assert out.stderr.splitlines() == [
+        f"xpu-serve unit: warning: ${{VENV_PY}} (engine.command.0) has no default and systemd starts the "
+        f"service with a clean environment: put VENV_PY=... in {env_file}",
+        f"xpu-serve unit: warning: ${{MODEL_DIR}} (engine.model) has no default and systemd starts the "
+        f"service with a clean environment: put MODEL_DIR=... in {env_file}",
+    ]
+    keys = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert keys["EnvironmentFile"] == f"-{env_file}"
+    assert keys["WatchdogSec"] == "5"
+    bad = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--watchdog-sec", "0"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert bad.returncode == 2 and "--watchdog-sec" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_unit_bad_config_gives_one_line_and_exit_2(tmp_path: Path) -> None:

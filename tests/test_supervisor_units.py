@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from xpu_serve import bundle as bundle_mod
 from xpu_serve.config import interpolate, load_config
 from xpu_serve.diagnosis import Analyzer
@@ -259,3 +261,31 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     assert signal_from_verdict(faulthandler, trig(process="EngineCore", pid=9)) == "SIGABRT"
     assert signal_from_verdict({"root": {"process": "Worker_TP0", "pid": None, "text": "ValueError: x"}},
                                trig()) is None
+
+
+def test_event_log_levels_and_journald_priority_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json as _json
+
+    from xpu_serve.supervisor import EventLog
+
+    out = tmp_path / "stderr.txt"
+    with open(out, "w") as stream:
+        st = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        log = EventLog(stream=stream, jsonl_path=tmp_path / "events.jsonl")
+        log.emit("incident", "incarnation 1: process-crash")
+        log.emit("ready", "incarnation 1 ready")
+        log.emit("warning", "bundle incomplete")
+        log.emit("reaped", "reaped 1")
+        log.emit("signal", "SIGTERM: stopping", level="warning")
+        log.close()
+    lines = out.read_text().splitlines()
+    assert [ln[:3] for ln in lines] == ["<3>", "<6>", "<4>", "<7>", "<4>"]
+    recs = [_json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [r["level"] for r in recs] == ["error", "info", "warning", "debug", "warning"]
+    # another stream (a terminal, a pipe, a file that is not journald's): no prefix
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")
+    with open(out, "w") as stream:
+        EventLog(stream=stream, fmt="json").emit("gave-up", "crash loop", exit_code=3)
+    rec = _json.loads(out.read_text())
+    assert rec["level"] == "error" and rec["exit_code"] == 3

@@ -547,6 +547,22 @@ def interpolate(text: str, env: Mapping[str, str] | None = None) -> tuple[str, l
     return _VAR_RE.sub(sub, text), missing
 
 
+def variable_references(data: Any, loc: Loc = ()) -> list[tuple[str, str | None, Loc]]:
+    """Every `${VAR}` / `${VAR:-default}` in the strings of a parsed (not yet interpolated) YAML
+    tree, in document order: (name, default or None, key path). Malformed references are skipped
+    (`load_config` reports them)."""
+    out: list[tuple[str, str | None, Loc]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += variable_references(v, (*loc, str(k)))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += variable_references(v, (*loc, i))
+    elif isinstance(data, str):
+        out += [(m.group(1), m.group(2), loc) for m in _VAR_RE.finditer(data) if m.group(1)]
+    return out
+
+
 _NUL = "contains a NUL character: it cannot be passed in a command line or the environment"
 
 

@@ -1,7 +1,8 @@
 """Documented process exit codes of the `xpu-serve` command (README, "Exit codes").
 
-systemd units use GAVE_UP_AT_ONCE in `RestartPreventExitStatus=`: restarting the unit cannot fix
-a configuration error, so systemd must not restart it either.
+systemd units (`xpu-serve unit`) list USAGE, GAVE_UP_AT_ONCE and LOCKED in
+`RestartPreventExitStatus=`: restarting the unit fixes neither a configuration error nor a lock
+held by another supervisor, so systemd must not restart it either.
 """
 
 OK = 0

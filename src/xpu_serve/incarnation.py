@@ -97,6 +97,8 @@ class Status:
     last_incident: dict[str, Any] | None = None  # {cause, time, bundle}
     next_restart_at: float | None = None
     reason: str | None = None  # e.g. why restart is delayed (wedged device), why it gave up
+    # the supervisor itself is ending (stop requested, or gave up), not stopping one incarnation
+    shutting_down: bool = False
 
 
 class Observer(Protocol):

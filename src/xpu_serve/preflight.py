@@ -20,7 +20,7 @@ import shutil
 import socket
 import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import resources
@@ -298,6 +298,25 @@ def check_render_nodes(dri_dir: Path, tensor_parallel_size: int) -> list[Finding
     return out
 
 
+def check_render_group(lookup: Callable[[str], Any] | None = None) -> Finding:
+    """The `render` group exists (`lookup`: default `grp.getgrnam`, raising KeyError for an
+    unknown group). Without it the generated unit carries no `SupplementaryGroups=render`, and
+    /dev/dri/renderD* (group `render` on a host with an XPU driver) is then usable only by root."""
+    import grp
+
+    try:
+        (lookup or grp.getgrnam)("render")
+    except KeyError:
+        return Finding(
+            "warning",
+            "render-group",
+            "no group 'render' on this host: `xpu-serve unit` leaves it out of SupplementaryGroups=, "
+            "so a non-root service cannot open /dev/dri/renderD* (create it with the GPU driver "
+            "packages, or run the service as root)",
+        )
+    return Finding("ok", "render-group", "group 'render' exists (access to /dev/dri render nodes)")
+
+
 def check_affinity(env: dict[str, str], tensor_parallel_size: int) -> Finding | None:
     """ZE_AFFINITY_MASK (rendered or inherited) exposes at least tensor_parallel_size devices."""
     mask = env.get("ZE_AFFINITY_MASK")
@@ -496,6 +515,7 @@ def preflight(
             out.append(Finding("error", "metrics", f"metrics.listen {cfg.metrics.listen!r} is not HOST:PORT"))
     out.append(check_shm(shm, tp))
     out += check_render_nodes(dri_dir, tp)
+    out.append(check_render_group())
     aff = check_affinity(env, tp)
     if aff:
         out.append(aff)

@@ -106,12 +106,37 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
 # --------------------------------------------------------------------------------------------
 
 
+# Level of each supervisor event (EventLog.emit): a root cause or giving up is an error; what
+# needs a look but is handled is a warning; routine progress is info.
+EVENT_LEVELS = {
+    "incident": "error", "failed": "error", "gave-up": "error",
+    "detected": "warning", "warning": "warning", "orphans": "warning", "restart-held": "warning",
+    "kill": "warning", "reaped": "debug",
+}
+# syslog priorities of the levels (sd-daemon.h: SD_ERR 3, SD_WARNING 4, SD_INFO 6, SD_DEBUG 7)
+SYSLOG_PRIORITY = {"error": 3, "warning": 4, "info": 6, "debug": 7}
+
+
+def _is_journal_stream(stream: IO[str], journal_stream: str) -> bool:
+    """True when `stream`'s file is the one $JOURNAL_STREAM ("DEVICE:INODE", decimal) names."""
+    dev, _, ino = journal_stream.partition(":")
+    try:
+        st = os.fstat(stream.fileno())
+        return dev.isdigit() and ino.isdigit() and (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class EventLog:
     """The supervisor's own events, one line each, on `stream` (stderr by default).
 
     Text: `2026-11-30T09:00:00.123Z xpu-serve: ready: incarnation 1 in 3.2 s`.
-    JSON (`fmt="json"`): {"time": ISO, "ts": epoch s, "event": "ready", "msg": ..., **fields}.
-    Every event is also appended as JSON to RUNTIME/events.jsonl when `jsonl_path` is set.
+    JSON (`fmt="json"`): {"time": ISO, "ts": epoch s, "event": "ready", "level": "info", "msg": ...,
+    **fields}. Every event is also appended as JSON to RUNTIME/events.jsonl when `jsonl_path` is set.
+    `level` (debug/info/warning/error) is `emit(level=)` or else EVENT_LEVELS[event] (default info).
+    When `stream` is connected to journald ($JOURNAL_STREAM names its device:inode, systemd.exec(5)),
+    each line starts with `<N>`, the syslog priority (sd-daemon(3): SD_ERR "<3>" ... SD_DEBUG "<7>"),
+    which journald strips and stores as PRIORITY, so `journalctl -p err` selects the errors.
     """
 
     def __init__(self, fmt: str = "text", stream: IO[str] | None = None, jsonl_path: Path | None = None):
@@ -121,12 +146,16 @@ class EventLog:
         if jsonl_path is not None:
             with contextlib.suppress(OSError):
                 self._jsonl = open(jsonl_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+        self.journal = _is_journal_stream(self.stream, os.environ.get("JOURNAL_STREAM", ""))
 
-    def emit(self, event: str, msg: str, **fields: Any) -> None:
+    def emit(self, event: str, msg: str, level: str | None = None, **fields: Any) -> None:
         ts = time.time()
         iso = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        rec = {"time": iso, "ts": ts, "event": event, "msg": msg, **fields}
+        level = level or EVENT_LEVELS.get(event, "info")
+        rec = {"time": iso, "ts": ts, "event": event, "level": level, "msg": msg, **fields}
         line = json.dumps(rec, default=str) if self.fmt == "json" else f"{iso} xpu-serve: {event}: {msg}"
+        if self.journal:
+            line = f"<{SYSLOG_PRIORITY.get(level, 6)}>{line}"
         with contextlib.suppress(OSError, ValueError):
             self.stream.write(line + "\n")
             self.stream.flush()
@@ -416,6 +445,7 @@ class Supervisor:
             last_incident=self.last_incident,
             next_restart_at=self.next_restart_at,
             reason=self.reason,
+            shutting_down=self._stop_requested or self.state == "gave-up",
         )
 
     def _write_state(self) -> None:

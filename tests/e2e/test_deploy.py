@@ -65,7 +65,30 @@ def test_notify_protocol_through_ready_crash_restart_and_stop(up_factory: Any, t
     assert any(m.startswith("READY=1") and "ready, incarnation 1" in m for m in msgs)
     assert "WATCHDOG=1" in msgs
     assert any("EXTEND_TIMEOUT_USEC=" in m for m in msgs)
-    assert "STOPPING=1" in msgs[-1]
+    # STOPPING=1 (systemd: the service is shutting down) only for the SIGTERM, once, never for the
+    # in-place restart of incarnation 1
+    stopping = [i for i, m in enumerate(msgs) if "STOPPING=1" in m]
+    assert len(stopping) == 1, msgs
+    assert "STATUS=stopping, incarnation 2" in msgs[stopping[0]]
+
+
+def test_notify_stopping_once_when_the_supervisor_gives_up(up_factory: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    msgs: list[str] = []
+    _reader(sock, msgs)
+    try:
+        u = up_factory(engine={"args": {"max-num-seqs": "lots"}})  # a config error: gives up at once
+        u.start(env={"NOTIFY_SOCKET": path})
+        assert u.exit_code(60) == 4
+        time.sleep(0.2)
+    finally:
+        sock.close()
+    # stopping the failed incarnation is not the service's shutdown; giving up is
+    stopping = [m for m in msgs if "STOPPING=1" in m]
+    assert len(stopping) == 1 and "STATUS=gave-up" in stopping[0], msgs
+    assert any(m.startswith("STATUS=stopping") for m in msgs), msgs
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -1,4 +1,9 @@
-"""`xpu-serve unit -c FILE [--exec PATH] [--user USER]`: print a systemd unit for the config."""
+"""`xpu-serve unit -c FILE [--exec PATH] [--user USER] [--env-file PATH] [--watchdog-sec N]`:
+print a systemd unit for the config (choices explained in `xpu_serve.integrations.unit`).
+
+stdout: the unit. stderr: one `warning:` line per `${VAR}` the config uses without a default that
+would be unset under systemd, naming the env file to set it in. Exit 0, or 2 on a bad config or
+arguments."""
 
 from __future__ import annotations
 
@@ -8,8 +13,20 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 from xpu_serve import exitcodes
 from xpu_serve.cli._common import load_config_or_report
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of seconds > 0")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,6 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", required=True, help="config file")
     p.add_argument("--exec", dest="exec_path", help="path of the xpu-serve executable (default: the one running)")
     p.add_argument("--user", help="run the service as this user (default: root)")
+    p.add_argument(
+        "--env-file", type=Path,
+        help="EnvironmentFile= of the unit (default: /etc/xpu-serve/<config file stem>.env)",
+    )
+    p.add_argument(
+        "--watchdog-sec", type=_positive_int, default=None,
+        help="WatchdogSec= (default 30; a shorter one is for tests)",
+    )
 
 
 def _default_exec() -> str:
@@ -29,13 +54,30 @@ def _default_exec() -> str:
     return os.path.join(os.path.dirname(sys.executable), "xpu-serve")
 
 
+def _raw(path: str) -> object:
+    """The config's YAML before interpolation (load_config_or_report has already read it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the unit; exit 2 with one line per problem on a bad config."""
-    from xpu_serve.integrations.unit import render_unit
+    """Print the unit and the environment warnings; exit 2 with one line per problem on a bad config."""
+    from xpu_serve.integrations.unit import WATCHDOG_SEC, default_env_file, env_file_warnings, render_unit
 
     cfg = load_config_or_report(args.config)
     if cfg is None:
         return exitcodes.USAGE
     exec_path = args.exec_path or _default_exec()
-    sys.stdout.write(render_unit(cfg, Path(args.config), exec_path, args.user))
+    env_file = args.env_file.absolute() if args.env_file else default_env_file(Path(args.config))
+    for line in env_file_warnings(_raw(args.config), env_file, args.user):
+        print(f"xpu-serve unit: {line}", file=sys.stderr)
+    sys.stdout.write(
+        render_unit(
+            cfg, Path(args.config), exec_path, args.user,
+            env_file=env_file, watchdog_sec=args.watchdog_sec or WATCHDOG_SEC,
+        )
+    )
     return exitcodes.OK

@@ -11,7 +11,10 @@ sd_notify(3) and systemd.service(5), "Type=notify", "WatchdogSec=", "EXTEND_TIME
   outlast any fixed `TimeoutStartSec=`);
 - `WATCHDOG=1` every WATCHDOG_USEC/3 from a task on the supervisor's own asyncio loop, so a
   hung supervisor loop stops pinging and systemd restarts it;
-- `STOPPING=1` when the supervisor stops.
+- `STOPPING=1` once, when the supervisor itself begins to end (`Status.shutting_down`: SIGTERM,
+  SIGINT, `xpu-serve stop`, gave up), never when it stops one incarnation to restart it: systemd
+  takes STOPPING=1 as the start of the service's shutdown (unit deactivating, then SIGKILL of the
+  whole cgroup at TimeoutStopSec), which would turn an in-place restart into a unit restart.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class SystemdNotifier:
             self.watchdog_interval_s = int(usec) / 1e6 / 3
         self.extend_timeout_s = extend_timeout_s
         self.ready_sent = False
+        self.stopping_sent = False
         self.send_errors = 0
         self._state = "starting"
         self._task: asyncio.Task[None] | None = None
@@ -89,7 +93,8 @@ class SystemdNotifier:
             return False
 
     def on_state(self, status: Status) -> None:
-        """Observer hook: STATUS= on every change, READY=1 the first time it is ready, STOPPING=1."""
+        """Observer hook: STATUS= on every change, READY=1 the first time it is ready, STOPPING=1
+        once when the supervisor itself shuts down."""
         if not self.enabled:
             return
         self._state = status.state
@@ -97,8 +102,9 @@ class SystemdNotifier:
         if status.state == "ready" and not self.ready_sent:
             lines.insert(0, "READY=1")
             self.ready_sent = True
-        if status.state in ("stopping", "stopped") :
+        if status.shutting_down and not self.stopping_sent:
             lines.insert(0, "STOPPING=1")
+            self.stopping_sent = True
         self.send(*lines)
         self._ensure_task()
 
