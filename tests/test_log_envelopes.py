@@ -216,3 +216,32 @@ def test_amdgpu_reset_failure_outranks_its_reset_begin() -> None:
     )
     assert v["cause"] == "gpu-fault"
     assert v["root"]["text"] == "amdgpu 0000:21:00.0: amdgpu: GPU reset(1) failed with error -110"  # type: ignore[index]
+
+
+def test_device_lost_after_an_amdgpu_reset_is_its_consequence() -> None:
+    v = _verdict(
+        [
+            "nov 07 01:36:56 host kernel: amdgpu 0000:0a:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=3295304, emitted seq=3295306",
+            "nov 07 01:36:56 host kernel: amdgpu 0000:0a:00.0: amdgpu: GPU reset begin!",
+            "nov 07 01:36:59 host kernel: amdgpu 0000:0a:00.0: amdgpu: GPU reset succeeded, trying to resume",
+            "(EngineCore_DP0 pid=4242) ERROR 11-07 01:37:00 [core.py:718] RuntimeError: vk::Queue::submit: ErrorDeviceLost "
+            "(VK_ERROR_DEVICE_LOST)",
+        ]
+    )
+    assert v["cause"] == "gpu-fault"
+    assert v["root"]["source"] == "kernel" and "ring gfx_0.0.0 timeout" in v["root"]["text"]  # type: ignore[index]
+
+
+def test_codes_placeholder_needs_a_known_class() -> None:
+    from xpu_serve.signatures import SignatureError, parse_table
+
+    row = {
+        "id": "x", "source": "kernel", "role": "root", "cause": "gpu-fault", "meaning": "m", "example": "e",
+        "pattern": r"NVRM: Xid \(\S+\): (?P<xid>{codes})\b", "keywords": ["NVRM"],
+    }
+    t = parse_table([{**row, "codes": {"table": "nvidia_xid", "class": "consequence"}}])
+    assert t.rows[0].pattern.pattern == r"NVRM: Xid \(\S+\): (?P<xid>(?:154|45))\b"
+    with pytest.raises(SignatureError, match="x: no code of class 'nope' in nvidia_xid"):
+        parse_table([{**row, "codes": {"table": "nvidia_xid", "class": "nope"}}])
+    with pytest.raises(SignatureError, match="data/no_such.yaml"):
+        parse_table([{**row, "codes": {"table": "no_such", "class": "device"}}])
