@@ -245,3 +245,22 @@ def test_codes_placeholder_needs_a_known_class() -> None:
         parse_table([{**row, "codes": {"table": "nvidia_xid", "class": "nope"}}])
     with pytest.raises(SignatureError, match="data/no_such.yaml"):
         parse_table([{**row, "codes": {"table": "no_such", "class": "device"}}])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"<3>1 2026-01-02T03:04:05.123Z gpu01 kernel - - - {AMD}",
+        f"<3>Jan  2 03:04:05 gpu01 kernel: {AMD}",
+        f"kern  :err   : [ 4512.123456] {AMD}",
+        f"MESSAGE={AMD}",
+        json.dumps({"log": f"[ 4512.123456] {AMD}\n", "time": "2026-01-02T03:04:05Z"}),
+    ],
+)
+def test_kernel_source_file_reads_relayed_records(line: str) -> None:
+    # `watchers.kernel.source: file` on a relay's log: every line goes through parse_kernel_record
+    from xpu_serve.events import parse_kernel_record
+
+    ev = parse_kernel_record(line)
+    assert ev is not None and (ev.source, ev.text) == ("kernel", AMD)
+    assert TABLE.match(ev)[0].id == "amdgpu-vm-page-fault"  # type: ignore[index]

@@ -330,9 +330,30 @@ def parse_kernel_record(line: str) -> Event | None:
     if not s.strip():
         return None
     try:
-        return _parse_kernel(s)
+        c = s[0]
+        if c == "<" or c == "M" or (c.islower() and s.find(":", 3, 10) > 0):
+            env = unwrap(s)  # a relay's envelope (log_envelopes): the record is inside
+            if env is not None:
+                return _enveloped_kernel(env, s)
+        ev = _parse_kernel(s)
+        if ev is None and c == "{" and (env := unwrap(s)) is not None:
+            return _enveloped_kernel(env, s)  # a shipper's JSON without the journal's MESSAGE
+        return ev
     except Exception:  # a parser must never take the caller down; keep the text
         return Event(source="kernel", text=s.strip(), raw=s)
+
+
+def _enveloped_kernel(env: Envelope, raw: str) -> Event | None:
+    """The kernel record inside an envelope (from a kernel source: every record is the kernel's)."""
+    ev = _parse_kernel(env.text) if env.text.strip() else None
+    if ev is None:
+        return None
+    ev.raw = raw
+    if ev.level is None:
+        ev.level = env.level
+    if ev.time is None and env.time is not None:
+        ev.time, ev.time_text = env.time, env.time_text
+    return ev
 
 
 def _parse_kernel(s: str) -> Event | None:
