@@ -270,10 +270,6 @@ def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
     return (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
 
 
-# A GPU driver's own fault reports: they open a burst of kernel records (see _primary_gpu_fault).
-_PRIMARY_GPU_FAULTS = frozenset(
-    ("gpu-page-fault", "xe-cat-error", "xe-guc-init-failure", "amdgpu-ring-timeout")
-)
 _DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
 
 
@@ -403,6 +399,8 @@ class Analyzer:
             skip_roles=("context",),
         )
         self._stats_sig = self.table.by_id.get("stats-line")
+        # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
+        self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         self._prefix_seen: dict[str, int | None] = {}
         self._last_line: dict[str, str] = {}
         self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
@@ -1547,7 +1545,7 @@ class Analyzer:
         dev = _DRM_DEV_RE.match(root.text)
         best: Event | None = None
         for ev in kernel_gpu:
-            if ev is root or ev.signature not in _PRIMARY_GPU_FAULTS:
+            if ev is root or ev.signature not in self._burst_openers:
                 continue
             d = _DRM_DEV_RE.match(ev.text)
             if dev is not None and d is not None and d.group(1) != dev.group(1):

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from xpu_serve.log_envelopes import Envelope, unwrap
+
 
 @dataclass
 class Event:
@@ -139,8 +141,27 @@ _CCL_BARE_RE = re.compile(r"\|?(CCL_(?:ERROR|WARN|INFO|DEBUG|TRACE|FATAL))(?:\| 
 # a log shipper's stamp with a space (Ray Data, fluent-bit, kubectl --timestamps with a custom
 # format) before a vLLM process prefix: "2026-03-09 01:31:29.489210231 (EngineCore_DP0 pid=N) ..."
 _ISO_SP_RE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?=\()")
-# `journalctl -o short-iso` / rsyslog: "2026-03-26T04:12:20+0100 host kernel: msg"
-_HOST_KERNEL_RE = re.compile(r"\S+ kernel: ")
+# the head between a stamp and a kernel record: `journalctl -o short-iso` / rsyslog "host kernel: ",
+# appliance syslog templates that add the facility.level or a level word (Synology, Unraid,
+# TrueNAS, syslog-ng "host kern.err kernel: ", "host kern warning kernel: "), also no host at all
+_HOST_KERNEL_RE = re.compile(
+    r"(?:[\w.:-]+ )?(?:(?:kern\.\w+|kern|<\d{1,3}>|\[?(?:emerg|alert|crit|err|error|warn|warning|notice|info|debug)\]?) ){0,2}"
+    r"kernel(?:\[\d+\])?: "
+)
+# a Mmm dd hh:mm:ss syslog stamp alone (its head then read with _HOST_KERNEL_RE)
+_SYSLOG_STAMP_RE = re.compile(r"((?:[^\W\d_]{3,5}\.?|\d{1,2}月) [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? ")
+# Anchors of a kernel record after a prefix no shape here knows (a relay's or shipper's own
+# template): the kernel tag after a time of day, a dmesg stamp ("[%5lu.%06lu] ", printk's
+# print_time), or a GPU driver's device prefix after a time of day. Prefixes that carry a
+# user-space logger's level word or an exception are not taken (a program quoting a record).
+_ANCHOR_TAG_RE = re.compile(r"\d:\d\d:\d\d\S*(?: +\S+){0,4}? +kernel(?:\[\d+\])?: ")
+_ANCHOR_STAMP_RE = re.compile(r"(?:^|(?<=[\s:|>\]]))\[\s*\d+\.\d{6}\] ")
+_ANCHOR_DRIVER_RE = re.compile(
+    r"(?<![\w.-])(?:(?:xe|i915|amdgpu|radeon|nouveau|nvidia) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d: |NVRM: )"
+)
+_ANCHOR_TIME_RE = re.compile(r"\d:\d\d:\d\d")
+_USERSPACE_PREFIX_RE = re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|Error\b|Exception\b|Traceback|pid=")
+_ANCHOR_MAX = 200  # characters of prefix searched for an anchor
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
 _TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
 # NCCL's debug lines (src/debug.cc, ncclDebugLog): "host:pid:tid [cudaDev] NCCL INFO msg"; WARN lines
@@ -309,9 +330,30 @@ def parse_kernel_record(line: str) -> Event | None:
     if not s.strip():
         return None
     try:
-        return _parse_kernel(s)
+        c = s[0]
+        if c == "<" or c == "M" or (c.islower() and s.find(":", 3, 10) > 0):
+            env = unwrap(s)  # a relay's envelope (log_envelopes): the record is inside
+            if env is not None:
+                return _enveloped_kernel(env, s)
+        ev = _parse_kernel(s)
+        if ev is None and c == "{" and (env := unwrap(s)) is not None:
+            return _enveloped_kernel(env, s)  # a shipper's JSON without the journal's MESSAGE
+        return ev
     except Exception:  # a parser must never take the caller down; keep the text
         return Event(source="kernel", text=s.strip(), raw=s)
+
+
+def _enveloped_kernel(env: Envelope, raw: str) -> Event | None:
+    """The kernel record inside an envelope (from a kernel source: every record is the kernel's)."""
+    ev = _parse_kernel(env.text) if env.text.strip() else None
+    if ev is None:
+        return None
+    ev.raw = raw
+    if ev.level is None:
+        ev.level = env.level
+    if ev.time is None and env.time is not None:
+        ev.time, ev.time_text = env.time, env.time_text
+    return ev
 
 
 def _parse_kernel(s: str) -> Event | None:
@@ -343,7 +385,11 @@ def _parse_kernel(s: str) -> Event | None:
     if c == "[":
         m = _DMESG_RE.match(s)
         if m:
-            return _kernel_event(s[m.end() :], s, time_text=m.group(1), boot_s=float(m.group(1)))
+            rest = s[m.end() :]
+            mh = _HOST_KERNEL_RE.match(rest)  # `journalctl -o short-monotonic`: "[ 5.1] host kernel: msg"
+            if mh:
+                rest = rest[mh.end() :]
+            return _kernel_event(rest, s, time_text=m.group(1), boot_s=float(m.group(1)))
         m = _DMESG_T_RE.match(s)
         if m:
             t = _parse_ctime(m.group(1))
@@ -504,6 +550,10 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         if not text:
             return Event(source="text", text="", raw=s, file=file, line=lineno)
     # --- wrappers -------------------------------------------------------------------------
+    if c == "<" or c == "{" or c == "M" or (c.islower() and text.find(":", 3, 10) > 0):
+        env = unwrap(text)
+        if env is not None:
+            return _from_envelope(env, s, file, lineno)
     if c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == "T":
         m = _ISO_RE.match(text)
         if m:
@@ -590,6 +640,11 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
             wrap_pid = int(m.group(4)) if m.group(4) else None
             text = text[m.end() :]
             c = text[:1]
+        elif (ms := _SYSLOG_STAMP_RE.match(text)) and (mk := _HOST_KERNEL_RE.match(text, ms.end())):
+            # a template with the facility/level between host and tag ("host kern.err kernel: ")
+            ev = _kernel_event(text[mk.end() :], s, time_text=ms.group(1), t=_parse_syslog_time(ms.group(1)))
+            ev.file, ev.line = file, lineno
+            return ev
     if not text:
         return Event(source="text", text="", raw=s, file=file, line=lineno, time_text=wrap_time, time=wrap_dt)
     if (c == "k" or c.isdigit()) and "kernel: " in text[:24]:
@@ -720,6 +775,13 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
             ev = _kernel_event(kt, s, time_text=None)
             ev.file, ev.line = file, lineno
             return ev
+    if name is None:
+        ev = _kernel_after_prefix(text, s)
+        if ev is not None:
+            ev.file, ev.line = file, lineno
+            if ev.time is None and wrap_time is not None:
+                ev.time_text, ev.time = wrap_time, wrap_dt
+            return ev
     return Event(
         source="vllm" if name else "text",
         text=text,
@@ -825,6 +887,59 @@ def split_glued_records(line: str) -> list[str]:
         return [line]
     out.append(line[start:])
     return out
+
+
+def _from_envelope(env: Envelope, raw: str, file: str | None, lineno: int | None) -> Event:
+    """The Event of the record inside a syslog/journal/shipper envelope (see log_envelopes): a
+    kernel record when the envelope says so, else the record read as a line of its own."""
+    if env.kernel:
+        ev = parse_kernel_record(env.text) or Event(source="kernel", text="", raw=raw)
+    else:
+        ev = _parse_line(env.text, file, lineno)
+    ev.raw, ev.file, ev.line = raw, file, lineno
+    if ev.time is None and env.time is not None:
+        ev.time, ev.time_text = env.time, env.time_text
+    if ev.source == "kernel" and ev.level is None:
+        ev.level = env.level
+    if ev.pid is None and env.pid is not None and ev.source != "kernel":
+        ev.pid = env.pid
+    return ev
+
+
+def _kernel_after_prefix(text: str, raw: str) -> Event | None:
+    """A kernel record behind a prefix of unknown shape, found by its anchor (see _ANCHOR_TAG_RE):
+    "<relay stamp> host kern.err kernel: msg", "node7 | [ 551.424205] msg",
+    "12:00:01 gpu-03 amdgpu 0000:03:00.0: msg"; None when there is no anchor in the first
+    _ANCHOR_MAX characters, the prefix is a user-space logger's, or the text after a tag or a
+    stamp anchor is not a kernel record (after a stamp: unless the prefix has a time of day)."""
+    head = text[: _ANCHOR_MAX + 40]
+    if "kernel" in head:
+        m = _ANCHOR_TAG_RE.search(head)
+        if (
+            m
+            and m.start() <= _ANCHOR_MAX
+            and (_KERNEL_MSG_RE.match(text, m.end()) or _DMESG_RE.match(text, m.end()))
+            and not _USERSPACE_PREFIX_RE.search(text, 0, m.start())
+        ):
+            return parse_kernel_record(text[m.end() :])
+    if "] " in head:
+        m = _ANCHOR_STAMP_RE.search(head)
+        if (
+            m
+            and m.start() > 0
+            and (_KERNEL_MSG_RE.match(text, m.end()) or _ANCHOR_TIME_RE.search(text, 0, m.start()))
+            and not _USERSPACE_PREFIX_RE.search(text, 0, m.start())
+        ):
+            return parse_kernel_record(text[m.start() :])
+    m = _ANCHOR_DRIVER_RE.search(head)
+    if (
+        m
+        and m.start() > 0
+        and _ANCHOR_TIME_RE.search(text, 0, m.start())
+        and not _USERSPACE_PREFIX_RE.search(text, 0, m.start())
+    ):
+        return _kernel_event(text[m.start() :], raw, time_text=None)
+    return None
 
 
 def _strip_markdown(text: str) -> str:

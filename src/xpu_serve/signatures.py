@@ -19,7 +19,12 @@
   inside a Python traceback), overlaps (ids of rows whose examples this row also matches, on
   purpose: the more specific row comes first in the table and wins), detected_by (for hang
   detectors: what detected it), fatal (vLLM is dead or exiting after this line: the supervisor
-  fails the incarnation on it even when the row is a consequence).
+  fails the incarnation on it even when the row is a consequence);
+  opens_burst (a GPU driver's own fault record that opens a burst of kernel records: the page
+  fault before the job timeout, reset and wedge that follow it; see diagnosis._primary_gpu_fault);
+  codes ({table, class}: the pattern's `{codes}` is replaced by an alternation of the keys of
+  `data/<table>.yaml` whose entry has that `class`, e.g. the NVIDIA Xids of one class in
+  `data/nvidia_xid.yaml`: knowledge keyed by a number stays one table, not one row per number).
 
 Classification is first match in table order among the rows whose keywords occur in the text.
 """
@@ -311,14 +316,17 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
         for s in sources:
             if s not in SOURCES:
                 raise SignatureError(f"{where}: unknown source {s!r}")
+        pattern = str(row["pattern"])
+        if row.get("codes") is not None:
+            pattern = pattern.replace("{codes}", _codes_alternation(row["codes"], where))
         try:
-            pat = re.compile(row["pattern"])
+            pat = re.compile(pattern)
         except re.error as e:
             raise SignatureError(f"{where}: bad pattern: {e}") from e
         kws = _as_tuple(row.get("keywords"))
         in_tb = bool(row.get("in_traceback", False))
         if "keywords" not in row and not in_tb and not row.get("level"):
-            k = derive_keyword(row["pattern"])
+            k = derive_keyword(pattern)
             if k is None:
                 raise SignatureError(f"{where}: cannot derive a keyword from the pattern; list `keywords`")
             kws = (k,)
@@ -342,10 +350,34 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
                 overlaps=_as_tuple(row.get("overlaps")),
                 detected_by=row.get("detected_by"),
                 index=i,
-                extra={"fatal": bool(row.get("fatal", False))},
+                extra={"fatal": bool(row.get("fatal", False)), "opens_burst": bool(row.get("opens_burst", False))},
             )
         )
     return SignatureTable(rows)
+
+
+@lru_cache(maxsize=8)
+def code_table(name: str) -> dict[int, dict[str, Any]]:
+    """The packaged `data/<name>.yaml` table keyed by number ({code: {class, name, ...}}; the file
+    holds one top-level mapping). Raises SignatureError when it is missing or malformed."""
+    try:
+        text = resources.files("xpu_serve").joinpath(f"data/{name}.yaml").read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as e:
+        raise SignatureError(f"data/{name}.yaml: {e}") from e
+    entries = next(iter(doc.values()), None) if isinstance(doc, dict) and len(doc) == 1 else None
+    if not isinstance(entries, dict) or not all(isinstance(k, int) and isinstance(v, dict) for k, v in entries.items()):
+        raise SignatureError(f"data/{name}.yaml: expected one mapping of number -> entry")
+    return entries
+
+
+def _codes_alternation(spec: Any, where: str) -> str:
+    if not isinstance(spec, dict) or not spec.get("table") or not spec.get("class"):
+        raise SignatureError(f"{where}: codes needs a table and a class")
+    codes = sorted(k for k, v in code_table(str(spec["table"])).items() if v.get("class") == spec["class"])
+    if not codes:
+        raise SignatureError(f"{where}: no code of class {spec['class']!r} in {spec['table']}")
+    return "(?:" + "|".join(str(c) for c in sorted(codes, key=lambda c: -len(str(c)))) + ")"
 
 
 def load_table(path: str | Path | None = None) -> SignatureTable:
