@@ -34,18 +34,6 @@ KNOWN_GAPS: dict[str, str] = {
     "unknown-shm-waits-during-torch-compile-tp2": _CUT_OR_STALL.format(what="torch.compile progress"),
     "unknown-mqllmengine-waits-while-loading-shards": _CUT_OR_STALL.format(what="the shard-loading bar"),
     # batch 10a (Intel XPU, AMD)
-    "amdgpu-gfxhub-page-fault-enginecore-strix-halo-dmesg-T": (
-        "amdgpu's `[gfxhub] page fault (src_id:0 ring:24 vmid:8 pasid:200)` record (with its `Process VLLM::EngineCor "
-        "pid 7304` line) is not recognised as a GPU page fault: the verdict is unknown"
-    ),
-    "amdgpu-gfxhub-page-fault-journal-utcl2-tcp-gfx1151": (
-        "amdgpu's `[gfxhub] page fault ...` record and its `GCVM_L2_PROTECTION_FAULT_STATUS` decode after a journald "
-        "`kernel:` prefix are not recognised as a GPU page fault: the verdict is unknown"
-    ),
-    "amdgpu-mes-remove-queue-gpu-reset-dmesg-T-grep-780m": (
-        "amdgpu's `MES failed to respond to msg=REMOVE_QUEUE` / `MES might be in unrecoverable state, issue a GPU "
-        "reset` / `GPU reset begin!` records are not recognised (only ring timeouts are): the verdict is unknown"
-    ),
     "hip-oom-lemonade-process-wrapper-gfx1151": (
         "the cause is right but the `(EngineCore pid=2651)` prefix after the Lemonade wrapper "
         "`2026-05-08 11:47:02.257 [Error] (Process) ` is not parsed, so the root names no process and no pid"
@@ -106,18 +94,9 @@ KNOWN_GAPS: dict[str, str] = {
         "`localhost bash[367371]:` prefix (then systemd's `Main process exited, code=exited, status=1/FAILURE`) is "
         "not read as the engine process's death"
     ),
-    "nvrm-xid119-gsp-timeout-talos-kern-prefix": (
-        "`NVRM: Xid (PCI:0000:0b:00): 119, ... Timeout after 45s of waiting for RPC response from GPU3 GSP!` behind "
-        "Talos' `192.0.2.19: kern: warning: [2026-04-22T21:29:21.342163186Z]: ` prefix is not recognised as a "
-        "kernel record"
-    ),
     "k9s-box-ray-logging-cc-fatal-python-aborted": (
         "`Fatal Python error: Aborted` (after Ray's `logging.cc:440` signal-handler frames) inside a k9s pane's "
         "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
-    ),
-    "nvrm-xid13-xid31-unrecognized-client-time-only-stamps": (
-        "`NVRM: Xid (PCI:0000:1a:00): 13, Graphics Exception` behind a bare time-of-day stamp (`19:14:43  NVRM: ...`) "
-        "is not recognised as a kernel record"
     ),
     "worker-tp1-stream-capture-unsupported-cudagraph": (
         "the worker's error-handler lines `(Worker_TP1 pid=15193) ERROR ... [multiproc_executor.py:962] Search for "
