@@ -45,7 +45,7 @@ from xpu_serve.restart_policy import RestartPolicy
 from xpu_serve.sources import health as health_src
 from xpu_serve.sources import processes as proc_src
 from xpu_serve.sources.vllm_output import LogPump
-from xpu_serve.state import EVENTS_FILE, RuntimeLock, read_state, status_dict, write_state
+from xpu_serve.state import EVENTS_FILE, LockedError, RuntimeLock, read_state, status_dict, write_state
 from xpu_serve.vllm_command import render
 
 # Causes (cases/README.md) a restart cannot fix.
@@ -118,6 +118,7 @@ class EventLog:
         self.fmt = fmt
         self.stream = stream if stream is not None else sys.stderr
         self._jsonl: IO[str] | None = None
+        self._jsonl_path = jsonl_path
         if jsonl_path is not None:
             with contextlib.suppress(OSError):
                 self._jsonl = open(jsonl_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
@@ -133,6 +134,28 @@ class EventLog:
         if self._jsonl is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._jsonl.write(json.dumps(rec, default=str) + "\n")
+
+    def reopen_if_moved(self) -> None:
+        """Open events.jsonl again when its path no longer names the open file (the runtime
+        directory was removed or the file rotated away), so events still reach RUNTIME."""
+        path, f = self._jsonl_path, self._jsonl
+        if path is None:
+            return
+        try:
+            if f is not None:
+                held, now = os.fstat(f.fileno()), os.stat(path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    return
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            return
+        try:
+            new = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+        except OSError:
+            return
+        self.close()
+        self._jsonl = new
 
     def close(self) -> None:
         """Close events.jsonl; a full disk at the final flush loses those lines, never the exit code."""
@@ -285,6 +308,8 @@ class Supervisor:
         self._sigint_count = 0
         self._signal_logged: dict[int, float] = {}  # signal -> monotonic time last logged (_repeat)
         self._lock = RuntimeLock(self.runtime_dir)
+        self._lock_problem: str | None = None  # the last lock warning emitted (once per streak)
+        self._create_time = cleanup.proc_start_time(os.getpid())  # proves our pid (live_supervisor)
         self._popen: subprocess.Popen[bytes] | None = None
         self._engine_sessions: set[int] = set()  # session ids of this run's engines (PID-1 reaper)
         self.reaped: list[int] = []  # orphaned zombies reaped as PID 1 (xpu_serve.reaper)
@@ -418,7 +443,19 @@ class Supervisor:
             reason=self.reason,
         )
 
+    def _verify_lock(self) -> None:
+        """Re-create and re-lock RUNTIME/supervisor.lock when its file is gone or replaced
+        (`RuntimeLock.verify`); one warning per occurrence. Reopens events.jsonl likewise, first."""
+        got = self._lock.verify()
+        reopen = getattr(self.log, "reopen_if_moved", None)
+        if callable(reopen):
+            reopen()
+        if got is not None and got[0] != self._lock_problem:
+            self.log.emit("warning", got[0], lock=str(self._lock.path), relocked=got[1])
+        self._lock_problem = None if got is None or got[1] else got[0]
+
     def _write_state(self) -> None:
+        self._verify_lock()
         ctx = self.ctx
         e = self.config.engine
         cleanup_info: dict[str, Any] = {"run_id": self.run_id}
@@ -436,6 +473,7 @@ class Supervisor:
             self.status(),
             run_id=self.run_id,
             supervisor_started_at=self.started_at,
+            supervisor_create_time=self._create_time,
             engine={"host": e.host, "port": e.port, "served_model_name": e.served_model_name or e.model},
             config_path=str(self.config.source_path) if self.config.source_path else None,
             pgid=ctx.pgid if ctx else None,
@@ -499,6 +537,7 @@ class Supervisor:
         Raises state.LockedError when another supervisor holds the runtime directory.
         """
         self._lock.acquire()
+        self._refuse_if_predecessor_lives()
         watchers, observers = self._plugins_given
         if watchers is None or observers is None:
             from xpu_serve import plugins
@@ -541,6 +580,19 @@ class Supervisor:
             if self._connector is not None:
                 self._connector.close()
             self._lock.release()
+
+    def _refuse_if_predecessor_lives(self) -> None:
+        """Raise LockedError when the supervisor state.json names still runs (`live_supervisor`:
+        its pid, start time and cmdline): its lock file was removed with the runtime directory,
+        and its tree is live, not orphans to stop."""
+        try:
+            prev = read_state(self.runtime_dir)
+        except (OSError, ValueError):
+            return  # (reported by _sweep_previous)
+        holder = cleanup.live_supervisor(prev) if prev else None
+        if holder is not None:
+            self._lock.release()
+            raise LockedError(self._lock.path, holder, "; it still runs though its lock file was removed")
 
     async def _reap_every(self, interval_s: float) -> None:
         """PID 1 only: every `interval_s` seconds reap the zombies of this run's engine sessions
