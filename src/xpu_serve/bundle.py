@@ -230,6 +230,7 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     complete: bool = False
     done: bool = False
+    recovered: bool = False  # written by the next `up` after a kill -9 mid-capture (xpu_serve.recovery)
     abandon: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -365,6 +366,7 @@ def _write(
         if not isinstance(stacks, dict):
             stacks = None
     incident = dict(incident) if isinstance(incident, dict) else {"cause": "unknown", "summary": str(incident)}
+    run.recovered = incident.get("recovered") is True
 
     redactor = Redactor(gather_secrets(config, processes))
     base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-i{incarnation}-{run.cause}"
@@ -501,6 +503,8 @@ def _write_manifest(
         "tar": tar_path.name if tar_path else None,
         "redaction": {"mask": "***", "values_known": len(redactor.secrets)},
     }
+    if run.recovered:
+        manifest["recovered"] = True
     _try(run, "bundle.json", lambda: writer.write_text(
         "bundle.json", json.dumps(manifest, indent=2) + "\n", run.abandon))
 

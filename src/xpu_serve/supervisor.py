@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
-from xpu_serve import aio, cleanup, exitcodes, facts
+from xpu_serve import aio, cleanup, exitcodes, facts, recovery
 from xpu_serve.config import Config
 from xpu_serve.events import Event, split_process_prefix
 from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
@@ -79,10 +79,11 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
     next `up` after a kill -9) appended to the old run's ``logs/1/vllm.log`` and per-process files:
     its line numbers (`LogPump.locate`, evidence) pointed at the old run's lines and its bundles
     carried the old run's crash as if it were this one's. A non-empty `log_dir` becomes
-    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept); a log relay
-    of the old run still draining an orphan's pipes writes on into the moved file. None when there
-    was nothing to move or the move failed (read-only or broken runtime directory: the old
-    behaviour, appending)."""
+    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept, except that
+    a ``logs/N.prev`` holding an incident without a bundle, `recovery.is_pending`, is renamed
+    ``logs/N.prev.K``, K = 2, 3..., instead of removed); a log relay of the old run still draining
+    an orphan's pipes writes on into the moved file. None when there was nothing to move or the
+    move failed (read-only or broken runtime directory: the old behaviour, appending)."""
     try:
         with os.scandir(log_dir) as it:
             if next(it, None) is None:
@@ -93,6 +94,11 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
     try:
         if prev.is_symlink() or (prev.exists() and not prev.is_dir()):
             prev.unlink()
+        elif prev.exists() and recovery.is_pending(prev):
+            k = 2
+            while os.path.lexists(f"{prev}.{k}"):
+                k += 1
+            os.replace(prev, f"{prev}.{k}")
         elif prev.exists():
             shutil.rmtree(prev)  # (never follows symlinks inside)
         os.replace(log_dir, prev)
@@ -641,6 +647,7 @@ class Supervisor:
                 "a status may be reported as unknown",
             )
         await self._sweep_previous()
+        await self._recover_pending()
         while True:
             if self._stop_requested:
                 return self._finish_stopped()
@@ -860,8 +867,7 @@ class Supervisor:
                 reason = prev.get("reason")
                 msg += (
                     f"; the incident it was capturing{f' ({reason})' if isinstance(reason, str) and reason else ''}"
-                    f" has no finished bundle (`xpu-serve diagnose` on its logs in {self.runtime_dir}/logs/{inc}"
-                    f" or logs/{inc}.prev gives the verdict)"
+                    f" has no finished bundle: writing it from the logs kept in {self.runtime_dir}/logs/{inc}"
                 )
             self.log.emit("orphans", msg, previous_state=pstate, previous_incarnation=inc)
 
@@ -1382,6 +1388,7 @@ class Supervisor:
     async def _capture(self, ctx: Incarnation) -> dict[str, Any]:
         """Record the incident: analysis and bundle, before anything is killed."""
         self._set_state("capturing", ctx.trigger.detail if ctx.trigger is not None else None)
+        recovery.mark_pending(ctx.log_dir, self._pending_marker(ctx))
         await self._settle()
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
@@ -1398,26 +1405,7 @@ class Supervisor:
                 contract = dict(incident_obj.to_contract())
             except Exception as ex:
                 self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
-        sig = signal_from_verdict(contract, trig)
-        if sig is not None:
-            # the exit status was lost (the worker's parent reaped it first, no proc connector
-            # here) but the root is the process's own crash dump naming the signal
-            trig.signal = sig
-            info = ctx.processes.get(trig.pid) if trig.pid is not None else None
-            if info is not None and info.signal is None and info.exit_code is None:
-                info.signal = sig
-            notes = contract.setdefault("notes", [])
-            if isinstance(notes, list):
-                notes.append(
-                    f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
-                    f"signal {sig} taken from its crash dump"
-                )
-        if contract.get("cause") in (None, "", "unknown"):
-            # nothing in the logs supports a verdict: say what the supervisor itself saw
-            fb = _fallback_cause(trig)
-            contract["cause"] = fb
-            if fb != "unknown" or not contract.get("summary"):
-                contract["summary"] = trig.detail
+        complete_contract(contract, trig, ctx.processes)
         contract["supervisor"] = {
             "trigger": {k: v for k, v in vars(trig).items() if k != "event"},
             "incarnation": ctx.incarnation,
@@ -1428,6 +1416,8 @@ class Supervisor:
             "processes": [vars(p).copy() for p in ctx.processes.values()],
         }
         bundle_path = await self._write_bundle(ctx, trig, incident_obj, contract)
+        if bundle_path:
+            recovery.clear_pending(ctx.log_dir)
         cause = contract.get("cause", "unknown")
         self.last_incident = {
             "cause": cause,
@@ -1449,6 +1439,41 @@ class Supervisor:
             except Exception as ex:
                 self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
         return contract
+
+    def _pending_marker(self, ctx: Incarnation) -> dict[str, Any]:
+        """What the next `up` needs to write this incident's bundle after a kill -9 (`recovery`)."""
+        trig = ctx.trigger
+        return {
+            "run_id": self.run_id,
+            "supervisor_pid": os.getpid(),
+            "incarnation": ctx.incarnation,
+            "restarts": self.restarts,
+            "started_at": ctx.started_at,
+            "ready_at": ctx.ready_at,
+            "trigger": {k: v for k, v in vars(trig).items() if k != "event"} if trig is not None else None,
+            "processes": [dict(vars(p), exited_at=self._exited.get(p.pid)) for p in ctx.processes.values()],
+        }
+
+    async def _recover_pending(self) -> None:
+        """Write the bundles of the incidents a killed supervisor was capturing (`recovery`), from
+        their kept logs, before any log folder is moved or pruned; one `incident` event each."""
+        for d in recovery.pending_dirs(self.runtime_dir / "logs"):
+            path, contract = await asyncio.to_thread(
+                recovery.recover_one, d, self.runtime_dir, self.config, os.getpid()
+            )
+            cause = contract.get("cause", "unknown")
+            self.log.emit(
+                "incident",
+                f"recovered incident of {d}: cause {cause}: {contract.get('summary') or ''}"
+                + (f"; bundle {path}" if path else "; no bundle could be written (the logs are kept)")
+                + " (its capture was cut by a kill -9 of the supervisor)",
+                cause=cause,
+                bundle=path,
+                recovered=True,
+            )
+            for ob in self.observers:
+                with contextlib.suppress(Exception):
+                    ob.on_incident(contract, path)
 
     async def _write_bundle(
         self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
@@ -1522,6 +1547,33 @@ class Supervisor:
             removed=seg.removed,
             kept=seg.kept,
         )
+
+
+def complete_contract(contract: dict[str, Any], trig: Trigger, processes: dict[int, ProcessInfo]) -> None:
+    """Finish the verdict contract (in place) with what the supervisor saw itself: the signal a
+    process of unknown exit status died by when its own crash dump names it (`signal_from_verdict`;
+    also set on `trig` and its ProcessInfo), and the trigger's cause and detail when nothing in
+    the logs supports a verdict (`_fallback_cause`)."""
+    sig = signal_from_verdict(contract, trig)
+    if sig is not None:
+        # the exit status was lost (the worker's parent reaped it first, no proc connector
+        # here) but the root is the process's own crash dump naming the signal
+        trig.signal = sig
+        info = processes.get(trig.pid) if trig.pid is not None else None
+        if info is not None and info.signal is None and info.exit_code is None:
+            info.signal = sig
+        notes = contract.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(
+                f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
+                f"signal {sig} taken from its crash dump"
+            )
+    if contract.get("cause") in (None, "", "unknown"):
+        # nothing in the logs supports a verdict: say what the supervisor itself saw
+        fb = _fallback_cause(trig)
+        contract["cause"] = fb
+        if fb != "unknown" or not contract.get("summary"):
+            contract["summary"] = trig.detail
 
 
 async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:

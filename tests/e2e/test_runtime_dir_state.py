@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from .harness import with_suppress
+
 pytestmark = pytest.mark.e2e
 
 
@@ -88,6 +90,64 @@ def test_second_up_refuses_while_the_recorded_supervisor_lives_without_its_lock_
         assert resp.status == 200
     u.proc.send_signal(signal.SIGTERM)
     assert u.exit_code() == 0
+    assert not u.our_pids()
+
+
+def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_factory: Any, tmp_path: Path) -> None:
+    """A worker SIGSEGV, and the supervisor SIGKILLed while it writes the bundle (a slow `xpu-smi`
+    holds the host collector): the incident had no bundle, the next `up` moved logs/1 to
+    logs/1.prev and the `up` after that replaced it, the only copy of the crash. Now the next `up`
+    writes the bundle from the kept logs (recovered: true, cause process-crash) before it moves
+    them, and a third `up` leaves that bundle and its logs alone."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    pids = tmp_path / "xpu-smi.pids"
+    (fake / "xpu-smi").write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    (fake / "xpu-smi").chmod(0o755)
+    u = up_factory(faults="worker-segv rank=0 after=50 incarnation=1")
+    u.cfg["bundles"]["collector_timeout_s"] = 30
+    u.write_config()
+    try:
+        u.start(env={"PATH": f"{fake}:{os.environ['PATH']}"})
+        u.wait_for(lambda: u.state().get("state") == "capturing" and pids.exists(), 60, "capture in xpu-smi")
+        assert (u.runtime / "logs" / "1" / "incident-pending.json").exists()
+        u.proc.kill()
+        u.proc.wait(10)
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with_suppress(lambda p=int(pid): os.kill(p, signal.SIGKILL))
+    assert not any((b / "bundle.json").exists() for b in (u.runtime / "bundles").glob("*"))
+    u.cfg["environment"]["vars"]["XPU_SERVE_SIM_FAULTS"] = ""
+    u.cfg["bundles"]["collector_timeout_s"] = 3
+    u.write_config()
+    u.start()
+    u.wait_tree(1)
+    evs = u.events()
+    rec = [i for i, e in enumerate(evs) if e["event"] == "incident" and e.get("recovered")]
+    moved = [i for i, e in enumerate(evs) if e["event"] == "logs"]
+    assert len(rec) == 1 and moved and rec[0] < moved[0], [e["event"] for e in evs]
+    ev = evs[rec[0]]
+    assert ev["cause"] == "process-crash", ev
+    bundle = Path(ev["bundle"])
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    incident = json.loads((bundle / "incident.json").read_text())
+    assert manifest["recovered"] is True and incident["recovered"] is True
+    assert incident["cause"] == "process-crash"
+    assert "kill -9 of the supervisor" in incident["notes"][0], incident["notes"]
+    trig = incident["supervisor"]["trigger"]
+    assert trig["process"] == "Worker_TP0" and trig["signal"] == "SIGSEGV", trig
+    crash = (bundle / "logs" / "vllm.log").read_text()
+    assert "Segmentation fault" in crash
+    assert not (u.runtime / "logs" / "1.prev" / "incident-pending.json").exists()
+    u.proc.send_signal(signal.SIGTERM)
+    assert u.exit_code() == 0
+    u.start()  # the third `up`: replaces logs/1.prev (the second run's); the bundle stays
+    u.wait_tree(1)
+    u.proc.send_signal(signal.SIGTERM)
+    assert u.exit_code() == 0
+    assert (bundle / "logs" / "vllm.log").read_text() == crash
+    assert json.loads((bundle / "bundle.json").read_text())["recovered"] is True
+    assert len([e for e in u.events("incident") if e.get("recovered")]) == 1
     assert not u.our_pids()
 
 
