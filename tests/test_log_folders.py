@@ -31,3 +31,24 @@ def test_a_prev_folder_without_its_bundle_is_kept_not_replaced(tmp_path: Path) -
     assert (logs / "1.prev" / "vllm.log").read_text() == "run 3\n"
     assert sorted(p.name for p in logs.iterdir()) == ["1.prev", "1.prev.2"]
     assert recovery.pending_dirs(logs) == [logs / "1.prev.2"]
+
+
+def test_prune_logs_keeps_newest_current_and_pending_and_caps_bytes(tmp_path: Path) -> None:
+    """keep 2 of five folders (ages by last write): the two newest stay, an old pending one stays,
+    the rest go; then a byte cap removes the oldest unprotected one but never the current one."""
+    import os
+    import time
+
+    from xpu_serve.logdirs import prune_logs
+
+    logs = tmp_path / "logs"
+    now = time.time()
+    for i, name in enumerate(["3.prev", "1.prev", "1", "2", "3"]):
+        _folder(logs / name, "x" * 1000, pending=name == "1.prev")
+        os.utime(logs / name / "vllm.log", (now - 100 + i, now - 100 + i))
+    rep = prune_logs(logs, 2, 10**9, current=logs / "3")
+    assert sorted(rep.removed) == ["1", "3.prev"] and not rep.errors
+    assert sorted(p.name for p in logs.iterdir()) == ["1.prev", "2", "3"]
+    rep = prune_logs(logs, 10, 1500, current=logs / "3")
+    assert rep.removed == ["2"]
+    assert sorted(p.name for p in logs.iterdir()) == ["1.prev", "3"]

@@ -373,6 +373,21 @@ class BundlesConfig(_Strict):
     release_devcoredump: Bool = Field(False, description="free the Xe devcoredump after copying it")
 
 
+class LogsConfig(_Strict):
+    """Retention of the engine's logs, RUNTIME/logs/<N>/ (one folder per incarnation)."""
+
+    keep_incarnations: Count = Field(
+        20,
+        description="log folders kept (this run's incarnations and earlier runs' `N.prev`), newest "
+        "first; the current incarnation and one whose incident has no bundle yet are never removed",
+    )
+    max_bytes: Annotated[_Int, Gt(0), Le(2**40)] = Field(
+        4 * 1024**3,
+        description="total size cap of all log folders, bytes (<= 1 TiB); oldest removed first, "
+        "with the same exceptions",
+    )
+
+
 def _check_listen(v: str) -> str:
     """HOST:PORT or [IPV6]:PORT, PORT 0-65535 (what integrations.metrics.parse_listen accepts)."""
     host, sep, port = v.rpartition(":")
@@ -424,6 +439,7 @@ class Config(_Strict):
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
     watchers: WatchersConfig = Field(default_factory=WatchersConfig)
     bundles: BundlesConfig = Field(default_factory=BundlesConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     runtime_dir: NonEmptyStr = Field(

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
-from xpu_serve import aio, cleanup, exitcodes, facts, recovery
+from xpu_serve import aio, cleanup, exitcodes, facts, logdirs, recovery
 from xpu_serve.config import Config
 from xpu_serve.events import Event, split_process_prefix
 from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
@@ -885,6 +885,7 @@ class Supervisor:
                 "logs", f"logs of an earlier run in {log_dir} moved to {prev}", incarnation=n, moved_to=str(prev)
             )
         log_dir.mkdir(parents=True, exist_ok=True)
+        await self._prune_logs(log_dir)
         ctx = Incarnation(
             incarnation=n,
             config=self.config,
@@ -990,6 +991,22 @@ class Supervisor:
         if ctx.trigger is not None:
             return "failed"
         return "stop" if self._stop_requested else "restart"
+
+    async def _prune_logs(self, current: Path) -> None:
+        """Log retention (`logdirs.prune_logs`, config `logs`); a `logs` event names what went."""
+        lc = self.config.logs
+        rep = await asyncio.to_thread(
+            logdirs.prune_logs, current.parent, lc.keep_incarnations, lc.max_bytes, current
+        )
+        if rep.removed:
+            self.log.emit(
+                "logs",
+                f"removed {len(rep.removed)} old log folder(s) (logs.keep_incarnations "
+                f"{lc.keep_incarnations}, logs.max_bytes {lc.max_bytes}): {', '.join(rep.removed)}",
+                removed=rep.removed,
+            )
+        for err in rep.errors[:3]:
+            self.log.emit("warning", f"log retention: {err}")
 
     async def _cancel_watchers(self) -> None:
         """Cancel the current incarnation's watcher tasks and wait for them (idempotent)."""

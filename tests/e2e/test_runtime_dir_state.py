@@ -151,6 +151,42 @@ def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_facto
     assert not u.our_pids()
 
 
+def test_log_retention_keeps_the_newest_incarnations_and_the_unbundled(up_factory: Any) -> None:
+    """A crash loop left one logs/N per restart (121 folders after 120 restarts). Now, with
+    logs.keep_incarnations 3: after real restarts exactly the newest 3 incarnations' folders
+    remain, plus a folder whose incident has no bundle (its marker, as a bundle that could not be
+    written leaves it, put there once the supervisor runs); an earlier run's folder is removed."""
+    u = up_factory(faults="worker-exit rank=1 code=1 after=20")
+    u.cfg["supervision"]["restart"] = {
+        "initial_delay_s": 0.1, "multiplier": 1, "max_delay_s": 0.2, "max_failures": 50,
+    }
+    u.cfg["logs"] = {"keep_incarnations": 3}
+    u.write_config()
+    logs = u.runtime / "logs"
+
+    def folder(name: str, pending: bool) -> None:
+        (logs / name).mkdir(parents=True)
+        (logs / name / "vllm.log").write_text(f"earlier run {name}\n")
+        if pending:
+            (logs / name / "incident-pending.json").write_text('{"incarnation": 9}\n')
+        os.utime(logs / name / "vllm.log", (time.time() - 3600, time.time() - 3600))
+
+    folder("8.prev", False)
+    u.start()
+    u.wait_for(lambda: (u.state().get("incarnation") or 0) >= 1, 30, "incarnation 1 (after the recovery)")
+    folder("9.prev", True)
+    u.wait_for(lambda: (u.state().get("incarnation") or 0) >= 6, 120, "incarnation 6")
+    u.proc.send_signal(signal.SIGTERM)
+    assert u.exit_code() == 0
+    n = u.state()["incarnation"]
+    left = sorted(p.name for p in logs.iterdir())
+    assert left == sorted([str(n - 2), str(n - 1), str(n), "9.prev"]), (n, left)
+    removed = [x for e in u.events("logs") for x in e.get("removed", [])]
+    assert "8.prev" in removed and "9.prev" not in removed and str(n) not in removed, removed
+    assert (logs / "9.prev" / "incident-pending.json").exists()
+    assert not u.our_pids()
+
+
 def _json_lines(path: Path) -> list[dict[str, Any]]:
     try:
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
