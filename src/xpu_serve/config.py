@@ -207,6 +207,28 @@ def _check_args(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_HOSTNAME_RE = re.compile(
+    r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?"
+)
+
+
+def _check_host(v: str) -> str:
+    """An IP address (ipaddress: IPv4, IPv6 without brackets, an IPv6 scope) or a host name of
+    dot-separated labels of 1-63 letters, digits, '-' and '_' (RFC 1123; '_' as resolvers allow),
+    253 characters at most. Whether it resolves is a property of the host: `check` and `up` say."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(v)
+        return v
+    except ValueError:
+        pass
+    if not _HOSTNAME_RE.fullmatch(v):
+        raise ValueError(f"must be a host name or an IP address, got {_shown(v)}")
+    return v
+
+
 class EngineConfig(_Strict):
     """The `vllm serve` invocation. Typed fields render as their vLLM flags; `args` passes the rest."""
 
@@ -224,7 +246,11 @@ class EngineConfig(_Strict):
     tensor_parallel_size: TPSize = Field(
         1, description="`--tensor-parallel-size` (always rendered; GPUs of one host, hence <= 64)"
     )
-    host: NonEmptyStr = Field("127.0.0.1", description="`--host` (always rendered; health checks use it)")
+    host: Annotated[str, AfterValidator(_check_host)] = Field(
+        "127.0.0.1",
+        description="`--host` (always rendered; health checks use it): a host name or IP address; "
+        "one that does not resolve makes `up` give up at once (exit 4)",
+    )
     port: Port = Field(8000, description="`--port` (always rendered; health checks use it)")
     dtype: NonEmptyStr | None = Field(None, description="`--dtype`")
     max_model_len: Tokens | None = Field(None, description="`--max-model-len`")

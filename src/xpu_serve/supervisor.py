@@ -651,6 +651,9 @@ class Supervisor:
         while True:
             if self._stop_requested:
                 return self._finish_stopped()
+            bad_host = await self._host_problem()
+            if bad_host is not None:
+                return self._give_up(exitcodes.GAVE_UP_AT_ONCE, f"engine.host: {bad_host}")
             if not cleanup.port_free(e.host, e.port):
                 # ours were swept above; whoever holds the port now is another program
                 # a listener we can name is another program: no point waiting for it
@@ -684,6 +687,20 @@ class Supervisor:
                 d = self.policy.planned_restart(time.monotonic())
                 self.log.emit("restart", f"SIGHUP: {d.reason}")
                 continue
+
+    async def _host_problem(self) -> str | None:
+        """Why engine.host cannot be served (`preflight.resolve_problem`, the message of `check`),
+        or None. A resolver that does not answer (EAI_AGAIN) is asked again every second for up to
+        `supervision.stop.port_free_timeout_s`."""
+        from xpu_serve.preflight import resolve_problem
+
+        e = self.config.engine
+        deadline = time.monotonic() + self.config.supervision.stop.port_free_timeout_s
+        while True:
+            bad = await asyncio.to_thread(resolve_problem, e.host, e.port)
+            if bad is None or not bad[1] or time.monotonic() >= deadline or self._stop_requested:
+                return None if bad is None else bad[0]
+            await asyncio.sleep(1.0)
 
     def _restart_requested_only(self) -> bool:
         ctx = self.ctx
