@@ -41,3 +41,27 @@ def test_unresolvable_host_gives_up_at_once_with_the_message_of_check(up_factory
     assert len(gave_up) == 1 and gave_up[0]["msg"] == f"engine.host: {msgs[0]}", gave_up
     assert "taken by another program" not in r.stderr
     assert not u.events("launched")
+
+
+def test_metrics_port_in_use_warning_is_an_event_too(up_factory: Any) -> None:
+    """metrics.listen on a port another program listens on: the warning went to stderr only, so
+    events.jsonl (and `--log-format json` consumers) never said why metrics were missing. Now it
+    is a `warning` event; supervision goes on and the server becomes ready."""
+    import signal
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        u = up_factory()
+        u.cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+        u.write_config()
+        u.start()
+        u.wait_tree(1)
+        warn = [e for e in u.events("warning") if "metrics endpoint" in e["msg"]]
+        assert len(warn) == 1 and f"127.0.0.1:{port} disabled" in warn[0]["msg"], u.events("warning")
+        u.proc.send_signal(signal.SIGTERM)
+        assert u.exit_code() == 0
+        err = u.stderr()
+    assert err.count("metrics endpoint") == 1, err[-2000:]  # once, as the event's line
