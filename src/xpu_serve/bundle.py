@@ -196,7 +196,8 @@ def gather_secrets(config: Any, processes: list[ProcessInfo]) -> list[str]:
 
 
 def _trigger_dict(trigger: Trigger) -> dict[str, Any]:
-    d = {k: getattr(trigger, k) for k in ("kind", "detail", "at", "process", "rank", "pid", "exit_code", "signal")}
+    d = {k: getattr(trigger, k, None) for k in ("kind", "detail", "at", "process", "rank", "pid", "exit_code",
+                                                 "signal", "detected_at", "at_source", "loop_stall_s")}
     d["at_iso"] = _utc_iso(trigger.at) if trigger.at else None
     ev = getattr(trigger, "event", None)
     if ev is not None:

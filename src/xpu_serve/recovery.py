@@ -27,7 +27,9 @@ from xpu_serve.incarnation import ProcessInfo, Trigger
 
 PENDING_FILE = "incident-pending.json"
 _MAX_MARKER_BYTES = 4 << 20
-_TRIGGER_KEYS = ("kind", "detail", "at", "process", "rank", "pid", "exit_code", "signal")
+_TRIGGER_KEYS = (
+    "kind", "detail", "at", "process", "rank", "pid", "exit_code", "signal", "detected_at", "at_source", "loop_stall_s",
+)
 
 
 def mark_pending(log_dir: Path, data: dict[str, Any]) -> None:
@@ -103,6 +105,9 @@ def _trigger(d: Any, fallback_at: float) -> Trigger:
         pid=_int(d.get("pid")),
         exit_code=_int(d.get("exit_code")),
         signal=_str(d.get("signal")),
+        detected_at=_num(d.get("detected_at")),
+        at_source=_str(d.get("at_source")),
+        loop_stall_s=_num(d.get("loop_stall_s")),
     )
 
 

@@ -60,6 +60,10 @@ STATE_HEARTBEAT_S = 5.0
 EXIT_WINDOW_S = 0.15
 # uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
+# The event loop notes the time every TICK_S; a gap over LOOP_STALL_S (the supervisor SIGSTOPped or
+# starved of CPU) makes a process exit seen at its end only "no later than" then (`_loop_stall`).
+TICK_S = 0.25
+LOOP_STALL_S = 1.0
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
 # Signals whose default action ends the process and that the supervisor has no use for (signal(7)):
 # handled as "logged, ignored" so that a stray one does not orphan the server. SIGQUIT (core dump,
@@ -343,6 +347,8 @@ class Supervisor:
         # pid -> epoch s: watched processes already dying (PF_EXITING or gone) when the first exit
         # of the burst was reported; their death began no later than that
         self._dying_at: dict[int, float] = {}
+        self._last_tick = time.time()  # the event loop's last tick (`_tick`), epoch s
+        self._last_gap: tuple[float, float] = (0.0, 0.0)  # the last gap over LOOP_STALL_S: (from, to)
         try:
             hb = os.environ.get("XPU_SERVE_STATE_HEARTBEAT_S", "")
             self.heartbeat_s = max(0.05, float(hb)) if hb else STATE_HEARTBEAT_S
@@ -568,6 +574,7 @@ class Supervisor:
         )
         drain_task = None
         heartbeat = loop.create_task(self._heartbeat())
+        ticker = loop.create_task(self._tick())
         # As PID 1 (a container without --init) re-parented vLLM orphans would stay zombies.
         reaper_task = loop.create_task(self._reap_every(REAP_INTERVAL_S)) if os.getpid() == 1 else None
         if self._connector is not None:
@@ -580,9 +587,10 @@ class Supervisor:
         finally:
             await self._cancel_watchers()
             heartbeat.cancel()
+            ticker.cancel()
             if reaper_task is not None:
                 reaper_task.cancel()
-            await asyncio.gather(heartbeat, *([reaper_task] if reaper_task else []), return_exceptions=True)
+            await asyncio.gather(heartbeat, ticker, *([reaper_task] if reaper_task else []), return_exceptions=True)
             if self._exitwatch:
                 self._exitwatch.close()
             if drain_task is not None:
@@ -628,6 +636,25 @@ class Supervisor:
             self.reaped.extend(got)
             del self.reaped[:-1000]
             self.log.emit("reaped", f"reaped {len(got)} orphaned zombie(s): {got}", pids=got)
+
+    async def _tick(self) -> None:
+        """Note the time every TICK_S; remember the last gap over LOOP_STALL_S (`_loop_stall`)."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.time()
+            if now - self._last_tick > LOOP_STALL_S:
+                self._last_gap = (self._last_tick, now)
+            self._last_tick = now
+
+    def _loop_stall(self, seen: float) -> float | None:
+        """Seconds the event loop had not run just before `seen` (epoch s), when over LOOP_STALL_S:
+        the current gap, or one the ticker closed at most 2 ticks before `seen`; else None."""
+        if seen - self._last_tick > LOOP_STALL_S:
+            return seen - self._last_tick
+        start, end = self._last_gap
+        if end and 0 <= seen - end <= 2 * TICK_S + 0.05:
+            return end - start
+        return None
 
     async def _heartbeat(self) -> None:
         """Rewrite state.json every `heartbeat_s` seconds (its `written_at` proves it is current)."""
@@ -1138,6 +1165,9 @@ class Supervisor:
         if info is None or pid in self._exited:  # (the API server may be reported twice: _child_died)
             return
         info.exit_code, info.signal = code, sig
+        seen = at
+        died = self._exitwatch.died_at.pop(pid, None) if self._exitwatch is not None else None
+        at = died if died is not None else seen
         self._exited[pid] = at
         self._on_record(facts.process_exit(info.name, pid, info.rank, code, sig, at))
         if sig:
@@ -1155,6 +1185,9 @@ class Supervisor:
             pid=pid,
             exit_code=code,
             signal=sig,
+            detected_at=seen,
+            at_source="kernel" if died is not None else "detection",
+            loop_stall_s=self._loop_stall(seen),
         )
         if ctx.trigger is not None or self.state not in ("starting", "ready"):
             return
@@ -1288,7 +1321,10 @@ class Supervisor:
             pid=trigger.pid,
             signal=trigger.signal,
             exit_code=trigger.exit_code,
-            detected_at=trigger.at,
+            at=trigger.at,
+            at_source=trigger.at_source,
+            detected_at=trigger.detected_at if trigger.detected_at is not None else trigger.at,
+            loop_stall_s=trigger.loop_stall_s,
             detect_ms=round(lat_ms, 3),
         )
         self._set_state("failed")
@@ -1606,12 +1642,37 @@ def complete_contract(contract: dict[str, Any], trig: Trigger, processes: dict[i
                 f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
                 f"signal {sig} taken from its crash dump"
             )
+    timing = _death_time_note(trig)
+    if timing:
+        notes = contract.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(timing)
     if contract.get("cause") in (None, "", "unknown"):
         # nothing in the logs supports a verdict: say what the supervisor itself saw
         fb = _fallback_cause(trig)
         contract["cause"] = fb
         if fb != "unknown" or not contract.get("summary"):
             contract["summary"] = trig.detail
+
+
+def _death_time_note(trig: Trigger) -> str | None:
+    """A note when the supervisor saw a process exit late (its loop stalled), saying how well
+    the time of death is known; None otherwise."""
+    if trig.kind != "process-exit" or not trig.loop_stall_s or trig.detected_at is None:
+        return None
+    iso = _iso(trig.detected_at)
+    who = f"{trig.process} (pid {trig.pid})"
+    stall = f"the supervisor had not run for {trig.loop_stall_s:.1f} s (stopped or starved)"
+    if trig.at_source == "kernel":
+        return f"{who}: died at {_iso(trig.at)} (the kernel's exit event), seen at {iso}: {stall}"
+    return (
+        f"{who}: seen dead at {iso} after {stall}; it died no later than that, and the real time "
+        "of death is unknown (no kernel exit event: the proc connector is not available)"
+    )
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:

@@ -4,9 +4,11 @@ not resolve, the metrics port taken, the supervisor itself stopped while a worke
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +67,47 @@ def test_metrics_port_in_use_warning_is_an_event_too(up_factory: Any) -> None:
         assert u.exit_code() == 0
         err = u.stderr()
     assert err.count("metrics endpoint") == 1, err[-2000:]  # once, as the event's line
+
+
+@pytest.mark.parametrize("connector", [True, False], ids=["proc-connector", "pidfd-only"])
+def test_worker_death_while_the_supervisor_is_stopped_keeps_its_real_time(up_factory: Any, connector: bool) -> None:
+    """SIGSTOP of the supervisor, a worker SIGKILLed, SIGCONT 3 s later: the incident gave the
+    detection time as the time of death. Now, with the kernel's proc connector, the death time is
+    the kernel's exit event (within 0.5 s of the kill) and the detection time is kept apart; without
+    it, the time is marked as detection ("no later than"), with the supervisor's loop stall, and the
+    incident says the real time of death is unknown."""
+    import signal
+
+    from .harness import proc_connector_available
+
+    if connector and not proc_connector_available():
+        pytest.skip("the kernel's proc connector is not available here")
+    u = up_factory()
+    u.start(env=None if connector else {"XPU_SERVE_PROC_CONNECTOR": "0"})
+    st = u.wait_tree(1)
+    worker = next(p["pid"] for p in st["processes"] if p["name"] == "Worker_TP1")
+    os.kill(u.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.3)
+        t_kill = time.time()
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(3.0)
+    finally:
+        os.kill(u.proc.pid, signal.SIGCONT)
+    u.wait_for(lambda: u.events("incident"), 60, "the incident")
+    failed = u.events("failed")[0]
+    assert failed["trigger"] == "process-exit" and failed["loop_stall_s"] >= 2.5, failed
+    assert failed["detected_at"] >= t_kill + 2.5, (failed, t_kill)
+    incident = json.loads((Path(u.events("incident")[0]["bundle"]) / "incident.json").read_text())
+    trig = incident["supervisor"]["trigger"]
+    assert trig["detected_at"] == failed["detected_at"] and trig["at"] == failed["at"]
+    if connector:
+        assert failed["pid"] == worker and failed["signal"] == "SIGKILL", failed
+        assert failed["at_source"] == "kernel" and abs(failed["at"] - t_kill) < 0.5, (failed, t_kill)
+        assert any("(the kernel's exit event)" in n for n in incident["notes"]), incident["notes"]
+    else:
+        assert failed["at_source"] == "detection" and failed["at"] == failed["detected_at"], failed
+        assert any("no later than" in n and "unknown" in n for n in incident["notes"]), incident["notes"]
+    u.proc.send_signal(signal.SIGTERM)
+    assert u.exit_code() == 0
+    assert not u.our_pids()
