@@ -601,13 +601,16 @@ class Supervisor:
 
     def _refuse_if_predecessor_lives(self) -> None:
         """Raise LockedError when the supervisor state.json names still runs (`live_supervisor`:
-        its pid, start time and cmdline): its lock file was removed with the runtime directory,
-        and its tree is live, not orphans to stop."""
+        its pid, start time and cmdline) and has not written a final state (stopped, gave-up):
+        its lock file was removed with the runtime directory, and its tree is live, not orphans
+        to stop."""
         try:
             prev = read_state(self.runtime_dir)
         except (OSError, ValueError):
             return  # (reported by _sweep_previous)
-        holder = cleanup.live_supervisor(prev) if prev else None
+        # (a supervisor that wrote its final state has released its lock and is exiting)
+        done = prev.get("state") in ("stopped", "gave-up") if prev else True
+        holder = cleanup.live_supervisor(prev) if prev and not done else None
         if holder is not None:
             self._lock.release()
             raise LockedError(self._lock.path, holder, "; it still runs though its lock file was removed")

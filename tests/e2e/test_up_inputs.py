@@ -106,7 +106,8 @@ def test_worker_death_while_the_supervisor_is_stopped_keeps_its_real_time(up_fac
         assert failed["at_source"] == "kernel" and abs(failed["at"] - t_kill) < 0.5, (failed, t_kill)
         assert any("(the kernel's exit event)" in n for n in incident["notes"]), incident["notes"]
     else:
-        assert failed["at_source"] == "detection" and failed["at"] == failed["detected_at"], failed
+        # (a peer's earlier report may date it, `_open_window`: still a detection, after the stall)
+        assert failed["at_source"] == "detection" and t_kill + 2.5 <= failed["at"] <= failed["detected_at"], failed
         assert any("no later than" in n and "unknown" in n for n in incident["notes"]), incident["notes"]
     u.proc.send_signal(signal.SIGTERM)
     assert u.exit_code() == 0
