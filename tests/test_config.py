@@ -568,3 +568,27 @@ def test_nested_reference_in_a_default_is_an_error_not_a_literal(tmp_path: Path)
     assert r.returncode == 2
     assert r.stderr.strip().startswith(f"{cfg}:2: engine.model: nested variable reference in the default of")
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "host", ["bad\nhost", "two words", "http://example.com", "[::1]", "a..b", "-lead.example", "x" * 64 + ".com"]
+)
+def test_engine_host_must_be_a_name_or_address(tmp_path: Path, host: str) -> None:
+    """A newline, a space, a URL or brackets in engine.host passed validation (`up` then waited for
+    a port it could never bind): now a config error at load, naming the key and its line."""
+    import json
+
+    p = tmp_path / "c.yaml"
+    p.write_text(f"engine:\n  model: m\n  host: {json.dumps(host)}\n")  # (JSON strings are YAML)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    (line,) = ei.value.problems
+    assert line.startswith(f"{p}:3: engine.host: must be a host name or an IP address, got '"), line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "127.0.0.1", "fe80::1%eth0", "gpu-01.lab.example.", "localhost"])
+def test_engine_host_accepts_names_and_addresses(tmp_path: Path, host: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(f'engine:\n  model: m\n  host: "{host}"\n')
+    assert load_config(p).engine.host == host

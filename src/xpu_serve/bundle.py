@@ -196,7 +196,8 @@ def gather_secrets(config: Any, processes: list[ProcessInfo]) -> list[str]:
 
 
 def _trigger_dict(trigger: Trigger) -> dict[str, Any]:
-    d = {k: getattr(trigger, k) for k in ("kind", "detail", "at", "process", "rank", "pid", "exit_code", "signal")}
+    d = {k: getattr(trigger, k, None) for k in ("kind", "detail", "at", "process", "rank", "pid", "exit_code",
+                                                 "signal", "detected_at", "at_source", "loop_stall_s")}
     d["at_iso"] = _utc_iso(trigger.at) if trigger.at else None
     ev = getattr(trigger, "event", None)
     if ev is not None:
@@ -230,6 +231,7 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     complete: bool = False
     done: bool = False
+    recovered: bool = False  # written by the next `up` after a kill -9 mid-capture (xpu_serve.recovery)
     abandon: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -365,6 +367,7 @@ def _write(
         if not isinstance(stacks, dict):
             stacks = None
     incident = dict(incident) if isinstance(incident, dict) else {"cause": "unknown", "summary": str(incident)}
+    run.recovered = incident.get("recovered") is True
 
     redactor = Redactor(gather_secrets(config, processes))
     base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-i{incarnation}-{run.cause}"
@@ -501,6 +504,8 @@ def _write_manifest(
         "tar": tar_path.name if tar_path else None,
         "redaction": {"mask": "***", "values_known": len(redactor.secrets)},
     }
+    if run.recovered:
+        manifest["recovered"] = True
     _try(run, "bundle.json", lambda: writer.write_text(
         "bundle.json", json.dumps(manifest, indent=2) + "\n", run.abandon))
 

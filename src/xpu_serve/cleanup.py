@@ -177,6 +177,38 @@ def find_members(
     return found
 
 
+def live_supervisor(prev: Mapping[str, Any]) -> int | None:
+    """Pid of the supervisor that wrote state.json `prev` (a dict) when it still runs, else None.
+
+    Proven like the engine's processes (`is_proven`): its start time now equals the recorded
+    `supervisor_create_time` (epoch s, psutil create_time); for a state.json without it, the
+    process started no later than `supervisor_started_at` (a reused pid starts after the
+    recorded supervisor died). And its /proc/PID/cmdline is xpu-serve's (`xpu-serve` or
+    `xpu_serve` in an argument). Our own pid is never returned. Never raises.
+    """
+    pid = prev.get("supervisor_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return None
+    created, started = prev.get("supervisor_create_time"), prev.get("supervisor_started_at")
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        if not is_proven(pid, None, None, {pid: float(created)}):
+            return None
+    elif isinstance(started, (int, float)) and not isinstance(started, bool):
+        now = proc_start_time(pid)
+        if now is None or now > float(started) or not pid_alive(pid):
+            return None
+    else:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    if not any(b"xpu-serve" in a or b"xpu_serve" in a for a in argv):
+        return None
+    return pid
+
+
 def _marker_matches(pid: int, run_id: str, incarnation: int | None) -> bool:
     rid, inc = read_marker(pid)
     return rid == run_id and (incarnation is None or inc == incarnation)

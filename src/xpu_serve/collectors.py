@@ -760,6 +760,8 @@ def collect_logs(inputs: CollectInputs, io: CollectorIO) -> None:
         return
     for p in sorted(src.rglob("*")):
         io.check()
+        if p.name.lstrip(".").startswith("incident-pending.json"):  # the supervisor's marker (recovery.py)
+            continue
         if not p.is_file() or p.is_symlink():
             if not p.is_dir():
                 io.note(f"skipped {p.name}: not a regular file")

@@ -207,6 +207,28 @@ def _check_args(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_HOSTNAME_RE = re.compile(
+    r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?"
+)
+
+
+def _check_host(v: str) -> str:
+    """An IP address (ipaddress: IPv4, IPv6 without brackets, an IPv6 scope) or a host name of
+    dot-separated labels of 1-63 letters, digits, '-' and '_' (RFC 1123; '_' as resolvers allow),
+    253 characters at most. Whether it resolves is a property of the host: `check` and `up` say."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(v)
+        return v
+    except ValueError:
+        pass
+    if not _HOSTNAME_RE.fullmatch(v):
+        raise ValueError(f"must be a host name or an IP address, got {_shown(v)}")
+    return v
+
+
 class EngineConfig(_Strict):
     """The `vllm serve` invocation. Typed fields render as their vLLM flags; `args` passes the rest."""
 
@@ -224,7 +246,11 @@ class EngineConfig(_Strict):
     tensor_parallel_size: TPSize = Field(
         1, description="`--tensor-parallel-size` (always rendered; GPUs of one host, hence <= 64)"
     )
-    host: NonEmptyStr = Field("127.0.0.1", description="`--host` (always rendered; health checks use it)")
+    host: Annotated[str, AfterValidator(_check_host)] = Field(
+        "127.0.0.1",
+        description="`--host` (always rendered; health checks use it): a host name or IP address; "
+        "one that does not resolve makes `up` give up at once (exit 4)",
+    )
     port: Port = Field(8000, description="`--port` (always rendered; health checks use it)")
     dtype: NonEmptyStr | None = Field(None, description="`--dtype`")
     max_model_len: Tokens | None = Field(None, description="`--max-model-len`")
@@ -373,6 +399,21 @@ class BundlesConfig(_Strict):
     release_devcoredump: Bool = Field(False, description="free the Xe devcoredump after copying it")
 
 
+class LogsConfig(_Strict):
+    """Retention of the engine's logs, RUNTIME/logs/<N>/ (one folder per incarnation)."""
+
+    keep_incarnations: Count = Field(
+        20,
+        description="log folders kept (this run's incarnations and earlier runs' `N.prev`), newest "
+        "first; the current incarnation and one whose incident has no bundle yet are never removed",
+    )
+    max_bytes: Annotated[_Int, Gt(0), Le(2**40)] = Field(
+        4 * 1024**3,
+        description="total size cap of all log folders, bytes (<= 1 TiB); oldest removed first, "
+        "with the same exceptions",
+    )
+
+
 def _check_listen(v: str) -> str:
     """HOST:PORT or [IPV6]:PORT, PORT 0-65535 (what integrations.metrics.parse_listen accepts)."""
     host, sep, port = v.rpartition(":")
@@ -424,6 +465,7 @@ class Config(_Strict):
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
     watchers: WatchersConfig = Field(default_factory=WatchersConfig)
     bundles: BundlesConfig = Field(default_factory=BundlesConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     runtime_dir: NonEmptyStr = Field(

@@ -28,10 +28,17 @@ class Trigger:
         kind: "process-exit", "health", "fatal-line", "kernel", "hang", "startup-stall",
             "startup-timeout", "operator" (a `bundle`/SIGHUP request), "config".
         detail: one line for people, e.g. "Worker_TP0 (pid 4242) killed by SIGSEGV".
-        at: wall-clock time of detection, seconds since the epoch.
+        at: wall-clock time of the failure, seconds since the epoch: for a process exit the
+            kernel's exit time when known (`at_source` "kernel"), else when the supervisor saw it
+            (`at_source` "detection": the death was no later than that); else the detection.
         process, rank, pid: the process it is about, when there is one.
         exit_code: the exit code, or None; signal: the signal name ("SIGSEGV") or None.
         event: the `Event` that fired it (a fatal line, a kernel record), when there is one.
+        detected_at: (process exits) when the supervisor saw the exit, epoch s.
+        at_source: (process exits) "kernel" (the proc connector's exit event) or "detection".
+        loop_stall_s: (process exits) seconds the supervisor's event loop had not run just before
+            it saw the exit (SIGSTOPped, starved), when over a second: the exit may lie anywhere
+            in that gap.
     """
 
     kind: str
@@ -43,6 +50,9 @@ class Trigger:
     exit_code: int | None = None
     signal: str | None = None
     event: Event | None = None
+    detected_at: float | None = None
+    at_source: str | None = None
+    loop_stall_s: float | None = None
 
 
 @dataclass

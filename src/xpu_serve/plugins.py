@@ -34,11 +34,12 @@ def watchers_for(config: Any) -> list[Watcher]:
     return watchers
 
 
-def observers_for(config: Any) -> list[Observer]:
+def observers_for(config: Any, warn: Any = None) -> list[Observer]:
     """Observers of state changes and incidents (systemd notify, metrics, webhook).
 
     The metrics endpoint is started here; if its address cannot be bound, one warning goes to
-    stderr and supervision goes on without it (metrics are a feature, not a reason to stop).
+    `warn(message)` (the supervisor's event log: stderr and events.jsonl; without it, stderr)
+    and supervision goes on without it (metrics are a feature, not a reason to stop).
     """
     import sys
 
@@ -56,7 +57,11 @@ def observers_for(config: Any) -> list[Observer]:
             metrics.start(config.metrics.listen)
             observers.append(metrics)
         except (OSError, ValueError) as e:
-            print(f"xpu-serve: warning: metrics endpoint {config.metrics.listen} disabled: {e}", file=sys.stderr)
+            msg = f"metrics endpoint {config.metrics.listen} disabled: {e}"
+            if callable(warn):
+                warn(msg)
+            else:
+                print(f"xpu-serve: warning: {msg}", file=sys.stderr)
     if config.webhook.url:
         observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
     return observers

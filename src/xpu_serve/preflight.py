@@ -192,6 +192,20 @@ def _running_here(runtime_dir: str | Path | None) -> tuple[int, set[int]] | None
     return sup, pids
 
 
+def resolve_problem(host: str, port: int) -> tuple[str, bool] | None:
+    """Why `host` cannot be bound: (message, temporary), or None when it resolves. The message
+    is the one `check` prints ("host 'x' does not resolve: Name or service not known");
+    temporary is True for EAI_AGAIN (the resolver did not answer: worth asking again)."""
+    bind_host = host or "0.0.0.0"
+    try:
+        socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"host {bind_host!r} does not resolve: {e.strerror}", e.errno == socket.EAI_AGAIN
+    except (UnicodeError, ValueError) as e:  # (a label longer than 63 for the IDNA codec)
+        return f"host {bind_host!r} does not resolve: {e}", False
+    return None
+
+
 def check_port(host: str, port: int, what: str = "port", runtime_dir: str | Path | None = None) -> Finding:
     """Nothing listens on host:port: a bind with SO_REUSEADDR (as uvicorn does) succeeds.
 
@@ -201,10 +215,10 @@ def check_port(host: str, port: int, what: str = "port", runtime_dir: str | Path
     serves), the finding is "ok" and says so.
     """
     bind_host = host or "0.0.0.0"
-    try:
-        infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        return Finding("error", what, f"host {bind_host!r} does not resolve: {e.strerror}")
+    bad = resolve_problem(host, port)
+    if bad is not None:
+        return Finding("error", what, bad[0])
+    infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, socktype, proto, _, addr = infos[0]
     with socket.socket(family, socktype, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -12,7 +12,8 @@ Layout of RUNTIME (the config's `runtime_dir`, or `up --runtime-dir`):
 supervisor_pid, processes, last_incident, next_restart_at, reason) plus: `run_id`, `updated_at` and
 `written_at` (epoch s of this write), `heartbeat_s` (the supervisor rewrites the file at least this
 often, so `status` can tell a stale file: e.g. the disk was full),
-`supervisor_started_at`, `engine` ({host, port, served_model_name}), `pgid`, `time_to_ready_s`,
+`supervisor_started_at`, `supervisor_create_time` (the supervisor process's start time, epoch s,
+psutil create_time: proves its pid, `cleanup.live_supervisor`), `engine` ({host, port, served_model_name}), `pgid`, `time_to_ready_s`,
 `failures`, and `cleanup` ({run_id, incarnation, pgid, pids: [{pid, create_time}], shm: [paths]}):
 what the next `up` needs to sweep after this supervisor was killed with SIGKILL.
 """
@@ -39,11 +40,14 @@ EVENTS_FILE = "events.jsonl"
 
 
 class LockedError(Exception):
-    """Another supervisor holds RUNTIME/supervisor.lock. `holder_pid` is its pid when readable."""
+    """Another supervisor holds RUNTIME/supervisor.lock, or runs on RUNTIME although its lock
+    file is gone (`detail` says so). `holder_pid` is its pid when known."""
 
-    def __init__(self, path: Path, holder_pid: int | None):
+    def __init__(self, path: Path, holder_pid: int | None, detail: str = ""):
         who = f"pid {holder_pid}" if holder_pid else "another process"
-        super().__init__(f"{path}: runtime directory is in use by another xpu-serve supervisor ({who})")
+        super().__init__(
+            f"{path}: runtime directory is in use by another xpu-serve supervisor ({who}){detail}"
+        )
         self.path = path
         self.holder_pid = holder_pid
 
@@ -82,6 +86,40 @@ class RuntimeLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def verify(self) -> tuple[str, bool] | None:
+        """Re-lock when the lock file's path no longer names the file we hold locked.
+
+        The path is compared with the held descriptor by (st_dev, st_ino): a removed runtime
+        directory (tmpfiles cleaning /tmp, an `rm -rf`) or a file put in its place leaves us
+        holding a lock nobody else can see, and a second `up` would take a fresh one. Then the
+        file (and its directory) is created again and locked. Returns None when all is well,
+        else (message, relocked): relocked False when another process holds the new file (the
+        old descriptor is kept; call again later). Never raises.
+        """
+        if self._fd is None:
+            return None
+        try:
+            held = os.fstat(self._fd)
+            now = os.stat(self.path)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                return None
+            what = "was replaced by another file"
+        except FileNotFoundError:
+            what = "is gone"
+        except OSError:
+            return None  # (unreadable directory: nothing we can prove or fix)
+        old, self._fd = self._fd, None
+        try:
+            self.acquire()
+        except LockedError as e:
+            self._fd = old
+            return f"lock file {self.path} {what}; cannot re-lock it yet: {e}", False
+        except OSError as e:
+            self._fd = old
+            return f"lock file {self.path} {what}; cannot re-create it: {e.strerror or e}", False
+        os.close(old)
+        return f"lock file {self.path} {what} (runtime directory removed?); re-created and re-locked it", True
 
 
 def lock_holder(runtime_dir: Path) -> int | None:

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
-from xpu_serve import aio, cleanup, exitcodes, facts
+from xpu_serve import aio, cleanup, exitcodes, facts, logdirs, recovery
 from xpu_serve.config import Config
 from xpu_serve.events import Event, split_process_prefix
 from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
@@ -45,7 +45,7 @@ from xpu_serve.restart_policy import RestartPolicy
 from xpu_serve.sources import health as health_src
 from xpu_serve.sources import processes as proc_src
 from xpu_serve.sources.vllm_output import LogPump
-from xpu_serve.state import EVENTS_FILE, RuntimeLock, read_state, status_dict, write_state
+from xpu_serve.state import EVENTS_FILE, LockedError, RuntimeLock, read_state, status_dict, write_state
 from xpu_serve.vllm_command import render
 
 # Causes (cases/README.md) a restart cannot fix.
@@ -60,6 +60,10 @@ STATE_HEARTBEAT_S = 5.0
 EXIT_WINDOW_S = 0.15
 # uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
+# The event loop notes the time every TICK_S; a gap over LOOP_STALL_S (the supervisor SIGSTOPped or
+# starved of CPU) makes a process exit seen at its end only "no later than" then (`_loop_stall`).
+TICK_S = 0.25
+LOOP_STALL_S = 1.0
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
 # Signals whose default action ends the process and that the supervisor has no use for (signal(7)):
 # handled as "logged, ignored" so that a stray one does not orphan the server. SIGQUIT (core dump,
@@ -79,10 +83,11 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
     next `up` after a kill -9) appended to the old run's ``logs/1/vllm.log`` and per-process files:
     its line numbers (`LogPump.locate`, evidence) pointed at the old run's lines and its bundles
     carried the old run's crash as if it were this one's. A non-empty `log_dir` becomes
-    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept); a log relay
-    of the old run still draining an orphan's pipes writes on into the moved file. None when there
-    was nothing to move or the move failed (read-only or broken runtime directory: the old
-    behaviour, appending)."""
+    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept, except that
+    a ``logs/N.prev`` holding an incident without a bundle, `recovery.is_pending`, is renamed
+    ``logs/N.prev.K``, K = 2, 3..., instead of removed); a log relay of the old run still draining
+    an orphan's pipes writes on into the moved file. None when there was nothing to move or the
+    move failed (read-only or broken runtime directory: the old behaviour, appending)."""
     try:
         with os.scandir(log_dir) as it:
             if next(it, None) is None:
@@ -93,6 +98,11 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
     try:
         if prev.is_symlink() or (prev.exists() and not prev.is_dir()):
             prev.unlink()
+        elif prev.exists() and recovery.is_pending(prev):
+            k = 2
+            while os.path.lexists(f"{prev}.{k}"):
+                k += 1
+            os.replace(prev, f"{prev}.{k}")
         elif prev.exists():
             shutil.rmtree(prev)  # (never follows symlinks inside)
         os.replace(log_dir, prev)
@@ -143,6 +153,7 @@ class EventLog:
         self.fmt = fmt
         self.stream = stream if stream is not None else sys.stderr
         self._jsonl: IO[str] | None = None
+        self._jsonl_path = jsonl_path
         if jsonl_path is not None:
             with contextlib.suppress(OSError):
                 self._jsonl = open(jsonl_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
@@ -162,6 +173,28 @@ class EventLog:
         if self._jsonl is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._jsonl.write(json.dumps(rec, default=str) + "\n")
+
+    def reopen_if_moved(self) -> None:
+        """Open events.jsonl again when its path no longer names the open file (the runtime
+        directory was removed or the file rotated away), so events still reach RUNTIME."""
+        path, f = self._jsonl_path, self._jsonl
+        if path is None:
+            return
+        try:
+            if f is not None:
+                held, now = os.fstat(f.fileno()), os.stat(path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    return
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            return
+        try:
+            new = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+        except OSError:
+            return
+        self.close()
+        self._jsonl = new
 
     def close(self) -> None:
         """Close events.jsonl; a full disk at the final flush loses those lines, never the exit code."""
@@ -314,6 +347,8 @@ class Supervisor:
         self._sigint_count = 0
         self._signal_logged: dict[int, float] = {}  # signal -> monotonic time last logged (_repeat)
         self._lock = RuntimeLock(self.runtime_dir)
+        self._lock_problem: str | None = None  # the last lock warning emitted (once per streak)
+        self._create_time = cleanup.proc_start_time(os.getpid())  # proves our pid (live_supervisor)
         self._popen: subprocess.Popen[bytes] | None = None
         self._engine_sessions: set[int] = set()  # session ids of this run's engines (PID-1 reaper)
         self.reaped: list[int] = []  # orphaned zombies reaped as PID 1 (xpu_serve.reaper)
@@ -341,6 +376,8 @@ class Supervisor:
         # pid -> epoch s: watched processes already dying (PF_EXITING or gone) when the first exit
         # of the burst was reported; their death began no later than that
         self._dying_at: dict[int, float] = {}
+        self._last_tick = time.time()  # the event loop's last tick (`_tick`), epoch s
+        self._last_gap: tuple[float, float] = (0.0, 0.0)  # the last gap over LOOP_STALL_S: (from, to)
         try:
             hb = os.environ.get("XPU_SERVE_STATE_HEARTBEAT_S", "")
             self.heartbeat_s = max(0.05, float(hb)) if hb else STATE_HEARTBEAT_S
@@ -448,7 +485,19 @@ class Supervisor:
             shutting_down=self._stop_requested or self.state == "gave-up",
         )
 
+    def _verify_lock(self) -> None:
+        """Re-create and re-lock RUNTIME/supervisor.lock when its file is gone or replaced
+        (`RuntimeLock.verify`); one warning per occurrence. Reopens events.jsonl likewise, first."""
+        got = self._lock.verify()
+        reopen = getattr(self.log, "reopen_if_moved", None)
+        if callable(reopen):
+            reopen()
+        if got is not None and got[0] != self._lock_problem:
+            self.log.emit("warning", got[0], lock=str(self._lock.path), relocked=got[1])
+        self._lock_problem = None if got is None or got[1] else got[0]
+
     def _write_state(self) -> None:
+        self._verify_lock()
         ctx = self.ctx
         e = self.config.engine
         cleanup_info: dict[str, Any] = {"run_id": self.run_id}
@@ -466,6 +515,7 @@ class Supervisor:
             self.status(),
             run_id=self.run_id,
             supervisor_started_at=self.started_at,
+            supervisor_create_time=self._create_time,
             engine={"host": e.host, "port": e.port, "served_model_name": e.served_model_name or e.model},
             config_path=str(self.config.source_path) if self.config.source_path else None,
             pgid=ctx.pgid if ctx else None,
@@ -529,13 +579,18 @@ class Supervisor:
         Raises state.LockedError when another supervisor holds the runtime directory.
         """
         self._lock.acquire()
+        self._refuse_if_predecessor_lives()
         watchers, observers = self._plugins_given
         if watchers is None or observers is None:
             from xpu_serve import plugins
 
             try:
                 self.watchers = plugins.watchers_for(self.config) if watchers is None else watchers
-                self.observers = plugins.observers_for(self.config) if observers is None else observers
+                self.observers = (
+                    plugins.observers_for(self.config, warn=lambda m: self.log.emit("warning", m))
+                    if observers is None
+                    else observers
+                )
             except Exception as ex:  # a broken plugin must not stop supervision
                 self.log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
         self._line_hooks = [
@@ -549,6 +604,7 @@ class Supervisor:
         )
         drain_task = None
         heartbeat = loop.create_task(self._heartbeat())
+        ticker = loop.create_task(self._tick())
         # As PID 1 (a container without --init) re-parented vLLM orphans would stay zombies.
         reaper_task = loop.create_task(self._reap_every(REAP_INTERVAL_S)) if os.getpid() == 1 else None
         if self._connector is not None:
@@ -561,9 +617,10 @@ class Supervisor:
         finally:
             await self._cancel_watchers()
             heartbeat.cancel()
+            ticker.cancel()
             if reaper_task is not None:
                 reaper_task.cancel()
-            await asyncio.gather(heartbeat, *([reaper_task] if reaper_task else []), return_exceptions=True)
+            await asyncio.gather(heartbeat, ticker, *([reaper_task] if reaper_task else []), return_exceptions=True)
             if self._exitwatch:
                 self._exitwatch.close()
             if drain_task is not None:
@@ -571,6 +628,22 @@ class Supervisor:
             if self._connector is not None:
                 self._connector.close()
             self._lock.release()
+
+    def _refuse_if_predecessor_lives(self) -> None:
+        """Raise LockedError when the supervisor state.json names still runs (`live_supervisor`:
+        its pid, start time and cmdline) and has not written a final state (stopped, gave-up):
+        its lock file was removed with the runtime directory, and its tree is live, not orphans
+        to stop."""
+        try:
+            prev = read_state(self.runtime_dir)
+        except (OSError, ValueError):
+            return  # (reported by _sweep_previous)
+        # (a supervisor that wrote its final state has released its lock and is exiting)
+        done = prev.get("state") in ("stopped", "gave-up") if prev else True
+        holder = cleanup.live_supervisor(prev) if prev and not done else None
+        if holder is not None:
+            self._lock.release()
+            raise LockedError(self._lock.path, holder, "; it still runs though its lock file was removed")
 
     async def _reap_every(self, interval_s: float) -> None:
         """PID 1 only: every `interval_s` seconds reap the zombies of this run's engine sessions
@@ -597,6 +670,25 @@ class Supervisor:
             del self.reaped[:-1000]
             self.log.emit("reaped", f"reaped {len(got)} orphaned zombie(s): {got}", pids=got)
 
+    async def _tick(self) -> None:
+        """Note the time every TICK_S; remember the last gap over LOOP_STALL_S (`_loop_stall`)."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.time()
+            if now - self._last_tick > LOOP_STALL_S:
+                self._last_gap = (self._last_tick, now)
+            self._last_tick = now
+
+    def _loop_stall(self, seen: float) -> float | None:
+        """Seconds the event loop had not run just before `seen` (epoch s), when over LOOP_STALL_S:
+        the current gap, or one the ticker closed at most 2 ticks before `seen`; else None."""
+        if seen - self._last_tick > LOOP_STALL_S:
+            return seen - self._last_tick
+        start, end = self._last_gap
+        if end and 0 <= seen - end <= 2 * TICK_S + 0.05:
+            return end - start
+        return None
+
     async def _heartbeat(self) -> None:
         """Rewrite state.json every `heartbeat_s` seconds (its `written_at` proves it is current)."""
         while True:
@@ -619,9 +711,13 @@ class Supervisor:
                 "a status may be reported as unknown",
             )
         await self._sweep_previous()
+        await self._recover_pending()
         while True:
             if self._stop_requested:
                 return self._finish_stopped()
+            bad_host = await self._host_problem()
+            if bad_host is not None:
+                return self._give_up(exitcodes.GAVE_UP_AT_ONCE, f"engine.host: {bad_host}")
             if not cleanup.port_free(e.host, e.port):
                 # ours were swept above; whoever holds the port now is another program
                 # a listener we can name is another program: no point waiting for it
@@ -655,6 +751,20 @@ class Supervisor:
                 d = self.policy.planned_restart(time.monotonic())
                 self.log.emit("restart", f"SIGHUP: {d.reason}")
                 continue
+
+    async def _host_problem(self) -> str | None:
+        """Why engine.host cannot be served (`preflight.resolve_problem`, the message of `check`),
+        or None. A resolver that does not answer (EAI_AGAIN) is asked again every second for up to
+        `supervision.stop.port_free_timeout_s`."""
+        from xpu_serve.preflight import resolve_problem
+
+        e = self.config.engine
+        deadline = time.monotonic() + self.config.supervision.stop.port_free_timeout_s
+        while True:
+            bad = await asyncio.to_thread(resolve_problem, e.host, e.port)
+            if bad is None or not bad[1] or time.monotonic() >= deadline or self._stop_requested:
+                return None if bad is None else bad[0]
+            await asyncio.sleep(1.0)
 
     def _restart_requested_only(self) -> bool:
         ctx = self.ctx
@@ -838,8 +948,7 @@ class Supervisor:
                 reason = prev.get("reason")
                 msg += (
                     f"; the incident it was capturing{f' ({reason})' if isinstance(reason, str) and reason else ''}"
-                    f" has no finished bundle (`xpu-serve diagnose` on its logs in {self.runtime_dir}/logs/{inc}"
-                    f" or logs/{inc}.prev gives the verdict)"
+                    f" has no finished bundle: writing it from the logs kept in {self.runtime_dir}/logs/{inc}"
                 )
             self.log.emit("orphans", msg, previous_state=pstate, previous_incarnation=inc)
 
@@ -857,6 +966,7 @@ class Supervisor:
                 "logs", f"logs of an earlier run in {log_dir} moved to {prev}", incarnation=n, moved_to=str(prev)
             )
         log_dir.mkdir(parents=True, exist_ok=True)
+        await self._prune_logs(log_dir)
         ctx = Incarnation(
             incarnation=n,
             config=self.config,
@@ -962,6 +1072,22 @@ class Supervisor:
         if ctx.trigger is not None:
             return "failed"
         return "stop" if self._stop_requested else "restart"
+
+    async def _prune_logs(self, current: Path) -> None:
+        """Log retention (`logdirs.prune_logs`, config `logs`); a `logs` event names what went."""
+        lc = self.config.logs
+        rep = await asyncio.to_thread(
+            logdirs.prune_logs, current.parent, lc.keep_incarnations, lc.max_bytes, current
+        )
+        if rep.removed:
+            self.log.emit(
+                "logs",
+                f"removed {len(rep.removed)} old log folder(s) (logs.keep_incarnations "
+                f"{lc.keep_incarnations}, logs.max_bytes {lc.max_bytes}): {', '.join(rep.removed)}",
+                removed=rep.removed,
+            )
+        for err in rep.errors[:3]:
+            self.log.emit("warning", f"log retention: {err}")
 
     async def _cancel_watchers(self) -> None:
         """Cancel the current incarnation's watcher tasks and wait for them (idempotent)."""
@@ -1072,6 +1198,9 @@ class Supervisor:
         if info is None or pid in self._exited:  # (the API server may be reported twice: _child_died)
             return
         info.exit_code, info.signal = code, sig
+        seen = at
+        died = self._exitwatch.died_at.pop(pid, None) if self._exitwatch is not None else None
+        at = died if died is not None else seen
         self._exited[pid] = at
         self._on_record(facts.process_exit(info.name, pid, info.rank, code, sig, at))
         if sig:
@@ -1089,6 +1218,9 @@ class Supervisor:
             pid=pid,
             exit_code=code,
             signal=sig,
+            detected_at=seen,
+            at_source="kernel" if died is not None else "detection",
+            loop_stall_s=self._loop_stall(seen),
         )
         if ctx.trigger is not None or self.state not in ("starting", "ready"):
             return
@@ -1222,7 +1354,10 @@ class Supervisor:
             pid=trigger.pid,
             signal=trigger.signal,
             exit_code=trigger.exit_code,
-            detected_at=trigger.at,
+            at=trigger.at,
+            at_source=trigger.at_source,
+            detected_at=trigger.detected_at if trigger.detected_at is not None else trigger.at,
+            loop_stall_s=trigger.loop_stall_s,
             detect_ms=round(lat_ms, 3),
         )
         self._set_state("failed")
@@ -1360,6 +1495,7 @@ class Supervisor:
     async def _capture(self, ctx: Incarnation) -> dict[str, Any]:
         """Record the incident: analysis and bundle, before anything is killed."""
         self._set_state("capturing", ctx.trigger.detail if ctx.trigger is not None else None)
+        recovery.mark_pending(ctx.log_dir, self._pending_marker(ctx))
         await self._settle()
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
@@ -1376,26 +1512,7 @@ class Supervisor:
                 contract = dict(incident_obj.to_contract())
             except Exception as ex:
                 self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
-        sig = signal_from_verdict(contract, trig)
-        if sig is not None:
-            # the exit status was lost (the worker's parent reaped it first, no proc connector
-            # here) but the root is the process's own crash dump naming the signal
-            trig.signal = sig
-            info = ctx.processes.get(trig.pid) if trig.pid is not None else None
-            if info is not None and info.signal is None and info.exit_code is None:
-                info.signal = sig
-            notes = contract.setdefault("notes", [])
-            if isinstance(notes, list):
-                notes.append(
-                    f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
-                    f"signal {sig} taken from its crash dump"
-                )
-        if contract.get("cause") in (None, "", "unknown"):
-            # nothing in the logs supports a verdict: say what the supervisor itself saw
-            fb = _fallback_cause(trig)
-            contract["cause"] = fb
-            if fb != "unknown" or not contract.get("summary"):
-                contract["summary"] = trig.detail
+        complete_contract(contract, trig, ctx.processes)
         contract["supervisor"] = {
             "trigger": {k: v for k, v in vars(trig).items() if k != "event"},
             "incarnation": ctx.incarnation,
@@ -1406,6 +1523,8 @@ class Supervisor:
             "processes": [vars(p).copy() for p in ctx.processes.values()],
         }
         bundle_path = await self._write_bundle(ctx, trig, incident_obj, contract)
+        if bundle_path:
+            recovery.clear_pending(ctx.log_dir)
         cause = contract.get("cause", "unknown")
         self.last_incident = {
             "cause": cause,
@@ -1427,6 +1546,41 @@ class Supervisor:
             except Exception as ex:
                 self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
         return contract
+
+    def _pending_marker(self, ctx: Incarnation) -> dict[str, Any]:
+        """What the next `up` needs to write this incident's bundle after a kill -9 (`recovery`)."""
+        trig = ctx.trigger
+        return {
+            "run_id": self.run_id,
+            "supervisor_pid": os.getpid(),
+            "incarnation": ctx.incarnation,
+            "restarts": self.restarts,
+            "started_at": ctx.started_at,
+            "ready_at": ctx.ready_at,
+            "trigger": {k: v for k, v in vars(trig).items() if k != "event"} if trig is not None else None,
+            "processes": [dict(vars(p), exited_at=self._exited.get(p.pid)) for p in ctx.processes.values()],
+        }
+
+    async def _recover_pending(self) -> None:
+        """Write the bundles of the incidents a killed supervisor was capturing (`recovery`), from
+        their kept logs, before any log folder is moved or pruned; one `incident` event each."""
+        for d in recovery.pending_dirs(self.runtime_dir / "logs"):
+            path, contract = await asyncio.to_thread(
+                recovery.recover_one, d, self.runtime_dir, self.config, os.getpid()
+            )
+            cause = contract.get("cause", "unknown")
+            self.log.emit(
+                "incident",
+                f"recovered incident of {d}: cause {cause}: {contract.get('summary') or ''}"
+                + (f"; bundle {path}" if path else "; no bundle could be written (the logs are kept)")
+                + " (its capture was cut by a kill -9 of the supervisor)",
+                cause=cause,
+                bundle=path,
+                recovered=True,
+            )
+            for ob in self.observers:
+                with contextlib.suppress(Exception):
+                    ob.on_incident(contract, path)
 
     async def _write_bundle(
         self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
@@ -1500,6 +1654,58 @@ class Supervisor:
             removed=seg.removed,
             kept=seg.kept,
         )
+
+
+def complete_contract(contract: dict[str, Any], trig: Trigger, processes: dict[int, ProcessInfo]) -> None:
+    """Finish the verdict contract (in place) with what the supervisor saw itself: the signal a
+    process of unknown exit status died by when its own crash dump names it (`signal_from_verdict`;
+    also set on `trig` and its ProcessInfo), and the trigger's cause and detail when nothing in
+    the logs supports a verdict (`_fallback_cause`)."""
+    sig = signal_from_verdict(contract, trig)
+    if sig is not None:
+        # the exit status was lost (the worker's parent reaped it first, no proc connector
+        # here) but the root is the process's own crash dump naming the signal
+        trig.signal = sig
+        info = processes.get(trig.pid) if trig.pid is not None else None
+        if info is not None and info.signal is None and info.exit_code is None:
+            info.signal = sig
+        notes = contract.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(
+                f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
+                f"signal {sig} taken from its crash dump"
+            )
+    timing = _death_time_note(trig)
+    if timing:
+        notes = contract.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(timing)
+    if contract.get("cause") in (None, "", "unknown"):
+        # nothing in the logs supports a verdict: say what the supervisor itself saw
+        fb = _fallback_cause(trig)
+        contract["cause"] = fb
+        if fb != "unknown" or not contract.get("summary"):
+            contract["summary"] = trig.detail
+
+
+def _death_time_note(trig: Trigger) -> str | None:
+    """A note when the supervisor saw a process exit late (its loop stalled), saying how well
+    the time of death is known; None otherwise."""
+    if trig.kind != "process-exit" or not trig.loop_stall_s or trig.detected_at is None:
+        return None
+    iso = _iso(trig.detected_at)
+    who = f"{trig.process} (pid {trig.pid})"
+    stall = f"the supervisor had not run for {trig.loop_stall_s:.1f} s (stopped or starved)"
+    if trig.at_source == "kernel":
+        return f"{who}: died at {_iso(trig.at)} (the kernel's exit event), seen at {iso}: {stall}"
+    return (
+        f"{who}: seen dead at {iso} after {stall}; it died no later than that, and the real time "
+        "of death is unknown (no kernel exit event: the proc connector is not available)"
+    )
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 async def _drain_every(conn: proc_src.ProcConnector, interval_s: float) -> None:

@@ -206,6 +206,9 @@ class ExitWatch:
         self._watched: dict[int, _Watched] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self.deferred: set[int] = set()  # exited; report waits for the connector's status
+        # pid -> the kernel's exit time (epoch s, from the connector) of a reported exit, when
+        # known; the `at` of on_exit is the time the exit was seen (a stopped loop sees it late)
+        self.died_at: dict[int, float] = {}
         self.use_pidfd = hasattr(os, "pidfd_open")
         self.closed = False
 
@@ -273,8 +276,12 @@ class ExitWatch:
                 self._loop.call_later(CONNECTOR_RETRY_S[tries], self._report, w, at, tries + 1)
                 return
         self.deferred.discard(w.pid)
-        if self._connector is not None and self._connector.interest is not None:
-            self._connector.interest.discard(w.pid)
+        if self._connector is not None:
+            died = self._connector.died_at(w.pid)
+            if died is not None and died <= at + 0.001:
+                self.died_at[w.pid] = died
+            if self._connector.interest is not None:
+                self._connector.interest.discard(w.pid)
         self._on_exit(w.pid, code, sig, at)
 
     async def _poll(self) -> None:
@@ -322,6 +329,11 @@ _EVENT_HDR = "=IIQ"  # what, cpu, timestamp_ns
 _EXIT_EVENT = "=IIII"  # process_pid, process_tgid, exit_code, exit_signal
 
 
+def _monotonic_ns_to_epoch(ts_ns: int) -> float:
+    """A CLOCK_MONOTONIC time (ns) as epoch seconds, by the offset between the two clocks now."""
+    return time.time() - (time.monotonic_ns() - ts_ns) / 1e9
+
+
 class ProcConnector:
     """Exit statuses of every process on the host, from the kernel's proc connector.
 
@@ -336,6 +348,7 @@ class ProcConnector:
         self.keep = keep
         self.interest: set[int] | None = None  # record only these pids (None: every process)
         self._status: dict[int, tuple[int | None, str | None]] = {}
+        self._died: dict[int, float] = {}  # tgid -> the kernel's exit time, epoch s
 
     @classmethod
     def open(cls) -> ProcConnector | None:
@@ -383,18 +396,28 @@ class ProcConnector:
                     break
                 body = off + 16 + 20
                 if body + 16 + 16 <= len(data):
-                    what = struct.unpack_from(_EVENT_HDR, data, body)[0]
+                    what, _cpu, ts_ns = struct.unpack_from(_EVENT_HDR, data, body)
                     if what == _PROC_EVENT_EXIT:
                         pid, tgid, code, _sig = struct.unpack_from(_EXIT_EVENT, data, body + 16)
                         if pid == tgid and (self.interest is None or tgid in self.interest):
                             if len(self._status) >= self.keep:
                                 self._status.pop(next(iter(self._status)))
                             self._status[tgid] = decode_wait_status(code)
+                            if len(self._died) >= self.keep:
+                                self._died.pop(next(iter(self._died)))
+                            self._died[tgid] = _monotonic_ns_to_epoch(ts_ns)
                 off += (nlen + 3) & ~3
 
     def status(self, pid: int) -> tuple[int | None, str | None] | None:
         self.drain()
         return self._status.pop(pid, None)
+
+    def died_at(self, pid: int) -> float | None:
+        """When the kernel sent `pid`'s exit event (epoch s; the event's `timestamp_ns`,
+        ktime_get_ns() in drivers/connector/cn_proc.c proc_exit_connector, i.e. CLOCK_MONOTONIC),
+        popped; None when no event was seen for it."""
+        self.drain()
+        return self._died.pop(pid, None)
 
     def close(self) -> None:
         self.sock.close()

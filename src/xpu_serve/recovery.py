@@ -1,0 +1,252 @@
+"""The bundle of an incident whose capture was cut short (kill -9 or the OOM killer hit the
+supervisor while it was `capturing`), written by the next `up` from the logs kept on disk.
+
+While it captures, the supervisor keeps a marker in the incarnation's log folder,
+`RUNTIME/logs/<N>/incident-pending.json` (`mark_pending`), and removes it once the bundle exists
+(`clear_pending`). A marker left behind means an incident without a bundle: the next `up` calls
+`recover_pending` before it moves or prunes any log folder; log retention and the move of an
+earlier run's logs (`supervisor.set_aside_old_logs`) never remove a folder that holds one.
+
+Marker (JSON object): run_id, supervisor_pid, incarnation, restarts, started_at, ready_at
+(epoch s or null), trigger {kind, detail, at, process, rank, pid, exit_code, signal} and
+processes [{name, pid, rank, started_at, exit_code, signal, exited_at}] as of the capture start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_serve.fsread import read_regular
+from xpu_serve.incarnation import ProcessInfo, Trigger
+
+PENDING_FILE = "incident-pending.json"
+_MAX_MARKER_BYTES = 4 << 20
+_TRIGGER_KEYS = (
+    "kind", "detail", "at", "process", "rank", "pid", "exit_code", "signal", "detected_at", "at_source", "loop_stall_s",
+)
+
+
+def mark_pending(log_dir: Path, data: dict[str, Any]) -> None:
+    """Write `log_dir/incident-pending.json` atomically (temp file, rename). Never raises: a
+    marker that cannot be written costs only the recovery after a kill -9."""
+    tmp = log_dir / f".{PENDING_FILE}.tmp"
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(data, default=str) + "\n")
+        os.replace(tmp, log_dir / PENDING_FILE)
+
+
+def clear_pending(log_dir: Path) -> None:
+    """Remove the marker: the incident has its bundle."""
+    with contextlib.suppress(OSError):
+        (log_dir / PENDING_FILE).unlink()
+
+
+def is_pending(log_dir: Path) -> bool:
+    """True when `log_dir` holds an incident without a bundle (a marker, whatever its content)."""
+    return os.path.lexists(log_dir / PENDING_FILE)
+
+
+def read_pending(log_dir: Path) -> dict[str, Any] | None:
+    """The marker of `log_dir` as a dict; None when absent, unreadable or not a JSON object."""
+    try:
+        raw = read_regular(log_dir / PENDING_FILE, _MAX_MARKER_BYTES)
+        data = json.loads(raw or b"")
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class RecoveredContext:
+    """The `IncarnationContext` view of a dead incarnation for the bundle writer."""
+
+    incarnation: int
+    config: Any
+    runtime_dir: Path
+    log_dir: Path
+    started_at: float
+    ready_at: float | None
+    restarts: int | None
+    processes: dict[int, ProcessInfo] = field(default_factory=dict)
+
+    def fail(self, trigger: Trigger) -> None:
+        """(nothing to fail: the incarnation is dead)"""
+
+    def record(self, event: Any) -> None:
+        """(no live analysis to feed)"""
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _trigger(d: Any, fallback_at: float) -> Trigger:
+    d = d if isinstance(d, dict) else {}
+    return Trigger(
+        kind=_str(d.get("kind")) or "unknown",
+        detail=_str(d.get("detail")) or "the trigger was not recorded",
+        at=_num(d.get("at")) or fallback_at,
+        process=_str(d.get("process")),
+        rank=_int(d.get("rank")),
+        pid=_int(d.get("pid")),
+        exit_code=_int(d.get("exit_code")),
+        signal=_str(d.get("signal")),
+        detected_at=_num(d.get("detected_at")),
+        at_source=_str(d.get("at_source")),
+        loop_stall_s=_num(d.get("loop_stall_s")),
+    )
+
+
+def _processes(raw: Any) -> tuple[dict[int, ProcessInfo], dict[int, float]]:
+    """pid -> ProcessInfo and pid -> exit time (epoch s) from the marker's `processes`."""
+    procs: dict[int, ProcessInfo] = {}
+    exited: dict[int, float] = {}
+    for p in raw if isinstance(raw, list) else []:
+        if not isinstance(p, dict) or _int(p.get("pid")) is None:
+            continue
+        pid = int(p["pid"])
+        procs[pid] = ProcessInfo(
+            name=_str(p.get("name")) or "process",
+            pid=pid,
+            rank=_int(p.get("rank")),
+            started_at=_num(p.get("started_at")),
+            exit_code=_int(p.get("exit_code")),
+            signal=_str(p.get("signal")),
+        )
+        at = _num(p.get("exited_at"))
+        if at is not None:
+            exited[pid] = at
+    return procs, exited
+
+
+def _log_files(log_dir: Path) -> list[str]:
+    """vllm.log rotations oldest first (vllm.log.K, highest K first), then vllm.log."""
+    rot: list[tuple[int, str]] = []
+    with contextlib.suppress(OSError):
+        for p in log_dir.iterdir():
+            n = p.name
+            if n == "vllm.log" or (n.startswith("vllm.log.") and n[9:].isdigit()):
+                if p.is_file() and not p.is_symlink():
+                    rot.append((int(n[9:]) if n != "vllm.log" else 0, str(p)))
+    return [p for _, p in sorted(rot, reverse=True)]
+
+
+def analyse(log_dir: Path, trig: Trigger, procs: dict[int, ProcessInfo], exited: dict[int, float]) -> dict[str, Any]:
+    """The verdict contract of the kept logs plus the exits the dead supervisor had seen, as
+    the live capture makes it (`supervisor.complete_contract`). Never raises."""
+    from xpu_serve import facts
+    from xpu_serve.supervisor import complete_contract
+
+    contract: dict[str, Any] = {}
+    try:
+        from xpu_serve.diagnosis import Analyzer, diagnose_files
+
+        an = Analyzer()
+        for pid, at in exited.items():
+            p = procs[pid]
+            an.add_event(facts.process_exit(p.name, pid, p.rank, p.exit_code, p.signal, at))
+        contract = dict(diagnose_files(_log_files(log_dir), analyzer=an).to_contract())
+    except Exception as ex:  # (an unreadable log: the trigger still gives a verdict below)
+        contract["notes"] = [f"analysis of the kept logs failed: {type(ex).__name__}: {ex}"]
+    complete_contract(contract, trig, procs)
+    return contract
+
+
+def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> tuple[str | None, dict[str, Any]]:
+    """Write the bundle of the incident pending in `log_dir`; returns (bundle path or None,
+    contract). The marker is removed once a bundle folder exists. Blocking (the bundle writer:
+    up to 2 x bundles.collector_timeout_s + 5 s)."""
+    from xpu_serve.bundle import write_incident_bundle
+    from xpu_serve.supervisor import _report_text
+
+    m = read_pending(log_dir) or {}
+    trig = _trigger(m.get("trigger"), fallback_at=_mtime(log_dir / PENDING_FILE))
+    procs, exited = _processes(m.get("processes"))
+    n = _int(m.get("incarnation")) or _incarnation_of(log_dir)
+    contract = analyse(log_dir, trig, procs, exited)
+    contract["recovered"] = True
+    note = (
+        f"recovered: the capture of this incident was cut short (kill -9 of the supervisor, pid "
+        f"{m.get('supervisor_pid')}, while capturing); this bundle was written by the next `up` "
+        f"(pid {by_pid}) from the logs kept in {log_dir}: no stacks, no live /proc facts, host "
+        "facts and kernel log as of the recovery"
+    )
+    notes = contract.setdefault("notes", [])
+    if isinstance(notes, list):
+        notes.insert(0, note)
+    contract["supervisor"] = {
+        "trigger": {k: getattr(trig, k) for k in _TRIGGER_KEYS},
+        "incarnation": n,
+        "run_id": m.get("run_id"),
+        "restarts": _int(m.get("restarts")),
+        "started_at": _num(m.get("started_at")),
+        "ready_at": _num(m.get("ready_at")),
+        "failed_at": trig.at,
+        "processes": [dict(vars(p), exited_at=exited.get(p.pid)) for p in procs.values()],
+        "recovered": True,
+    }
+    ctx = RecoveredContext(
+        incarnation=n,
+        config=config,
+        runtime_dir=runtime_dir,
+        log_dir=log_dir,
+        started_at=_num(m.get("started_at")) or trig.at,
+        ready_at=_num(m.get("ready_at")),
+        restarts=_int(m.get("restarts")),
+        processes=_not_foreign(procs, _str(m.get("run_id"))),
+    )
+    res = write_incident_bundle(ctx, trig, contract, _report_text(None, contract), stacks={})
+    if res.path is not None:
+        clear_pending(log_dir)
+    return (str(res.path) if res.path else None), contract
+
+
+def _not_foreign(procs: dict[int, ProcessInfo], run_id: str | None) -> dict[int, ProcessInfo]:
+    """The processes without those whose pid now runs another program (alive, not proven the
+    dead run's by its marker or start time): the bundle writer must not read /proc for those."""
+    from xpu_serve.cleanup import is_proven
+    from xpu_serve.state import pid_alive
+
+    return {
+        pid: p
+        for pid, p in procs.items()
+        if p.exit_code is not None
+        or p.signal is not None
+        or not pid_alive(pid)
+        or is_proven(pid, run_id, None, {pid: p.started_at} if p.started_at is not None else None)
+    }
+
+
+def pending_dirs(logs_root: Path) -> list[Path]:
+    """The folders under RUNTIME/logs holding an incident without a bundle, oldest first."""
+    try:
+        dirs = [p for p in logs_root.iterdir() if p.is_dir() and not p.is_symlink() and is_pending(p)]
+    except OSError:
+        return []
+    return sorted(dirs, key=_mtime)
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def _incarnation_of(log_dir: Path) -> int:
+    head = log_dir.name.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
