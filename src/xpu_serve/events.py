@@ -479,6 +479,50 @@ def _json_field_record(text: str) -> str | None:
     return val if val.strip() and "\n" not in val else None
 
 
+# the message field of a one-line JSON log record: docker's json-file driver {"log": ..., "stream": ...},
+# a process runner's event stream {"event": "line", "data": ...}, Loki/Elastic/Cloud Logging exports
+# ("message", "msg", "textPayload"), journalctl -o json ("MESSAGE"); and its stamp field, if any
+_JSON_MSG_KEYS = ("log", "data", "message", "msg", "textPayload", "MESSAGE")
+_JSON_TIME_KEYS = ("time", "timestamp", "@timestamp", "ts")
+
+
+def _json_object_record(text: str) -> tuple[str, str | None, bool] | None:
+    """(message, ISO stamp or None, kernel?) of a one-line JSON log object, the message without its
+    trailing line end; None when the line is not a JSON object with a non-empty string message."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    msg = next((obj[k] for k in _JSON_MSG_KEYS if isinstance(obj.get(k), str)), None)
+    if msg is None:
+        return None
+    msg = msg.rstrip("\r\n")
+    if not msg.strip() or "\n" in msg:
+        return None
+    ts = next((obj[k] for k in _JSON_TIME_KEYS if isinstance(obj.get(k), str)), None)
+    return msg, ts, obj.get("_TRANSPORT") == "kernel"
+
+
+def _parse_json_object_line(s: str, text: str, file: str | None, lineno: int | None) -> Event | None:
+    """The record inside a one-line JSON log object (see _JSON_MSG_KEYS), parsed as its own line,
+    with the object's stamp when the record has none; None when `text` is not such an object."""
+    rec = _json_object_record(text)
+    if rec is None:
+        return None
+    msg, ts, kernel = rec
+    ev = parse_kernel_record(text) if kernel else None
+    if ev is None:
+        ev = _parse_line(msg, file, lineno)
+    ev.file, ev.line, ev.raw = file, lineno, s
+    if ev.time is None and ts is not None and _ISO_RE.match(ts + " "):
+        ev.time_text, ev.time = ts[:19].replace("T", " "), _parse_iso(ts[:19])
+    return ev
+
+
 def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     s = _clean(raw)
     wrap_time: str | None = None
@@ -504,6 +548,10 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
         if not text:
             return Event(source="text", text="", raw=s, file=file, line=lineno)
     # --- wrappers -------------------------------------------------------------------------
+    if c == "{" and text[-1] == "}" and text[1:2] == '"':
+        ev = _parse_json_object_line(s, text, file, lineno)
+        if ev is not None:
+            return ev
     if c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == "T":
         m = _ISO_RE.match(text)
         if m:

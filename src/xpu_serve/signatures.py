@@ -19,7 +19,11 @@
   inside a Python traceback), overlaps (ids of rows whose examples this row also matches, on
   purpose: the more specific row comes first in the table and wins), detected_by (for hang
   detectors: what detected it), fatal (vLLM is dead or exiting after this line: the supervisor
-  fails the incarnation on it even when the row is a consequence).
+  fails the incarnation on it even when the row is a consequence), quotes_root (a consequence line
+  that may quote the error that caused it, "... terminated with exception: CUDA error: ...": the text
+  after the row's match is classified again and a root row found there gives the line its cause),
+  launcher_report (a shell's or launcher's report of its child's death: a SIGKILL/SIGTERM it reports
+  after vLLM's own report of an earlier death is the end of vLLM's shutdown, a consequence).
 
 Classification is first match in table order among the rows whose keywords occur in the text.
 """
@@ -342,7 +346,11 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
                 overlaps=_as_tuple(row.get("overlaps")),
                 detected_by=row.get("detected_by"),
                 index=i,
-                extra={"fatal": bool(row.get("fatal", False))},
+                extra={
+                    "fatal": bool(row.get("fatal", False)),
+                    "quotes_root": bool(row.get("quotes_root", False)),
+                    "launcher_report": bool(row.get("launcher_report", False)),
+                },
             )
         )
     return SignatureTable(rows)
