@@ -1231,6 +1231,16 @@ class Analyzer:
         )
         return inc
 
+    def _waits_after_startup_progress(self, waits: list[Event]) -> list[Event]:
+        """The engine's no-progress warnings (shm_broadcast's "No available shared memory broadcast
+        block found in 60 seconds"...) not followed by a later start-up milestone: a wait that start-up
+        then moved on from was long start-up work (graph capture, KV-cache profiling, torch.compile,
+        weight loading), not a stall. [] stays []; without milestones the list is returned as is."""
+        if not waits or not self.milestones:
+            return waits
+        last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
+        return [e for e in waits if _cmp_time(e, last_ms) >= 0]
+
     def _drop_launcher_kills(self, cands: list[Event], demoted: list[Event]) -> list[Event]:
         """Root candidates without the launcher reports (`launcher_report` rows: bash's "Killed", docker's
         exit 137, systemd's status=9/KILL) of a SIGKILL or SIGTERM read after a vLLM process's own
@@ -1397,6 +1407,7 @@ class Analyzer:
             for e in evs
             if self.table.by_id[sid].cause == "engine-hang" and sid != "bare-timeout-error"
         ]
+        hang_precursors = self._waits_after_startup_progress(hang_precursors)
         if root is None and self.ready:
             lp = self.last_progress
             late_waits = [e for e in hang_precursors if lp is None or _cmp_time(lp, e) < 0]
