@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xpu_serve import facts
+from xpu_serve import exitcodes, facts
 from xpu_serve.diagnosis import Analyzer, diagnose_files
 from xpu_serve.events import parse_kernel_record
 from xpu_serve.report import format_ranks, render_text
@@ -35,16 +35,17 @@ def verdict(tmp_path: Path, text: str, name: str = "input.log") -> dict:
     p = tmp_path / name
     p.write_text(text, encoding="utf-8")
     out = diagnose("--json", str(p))
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    got = json.loads(out.stdout)
+    assert out.returncode == (exitcodes.NO_VERDICT if got["cause"] == "unknown" else exitcodes.OK), out.stderr
+    return got
 
 
 # ------------------------------------------------------------------------------------- any input
-def test_empty_file_is_unknown_exit_0(tmp_path: Path) -> None:
+def test_empty_file_is_unknown_exit_no_verdict(tmp_path: Path) -> None:
     p = tmp_path / "empty.log"
     p.write_bytes(b"")
     out = diagnose("--json", str(p))
-    assert out.returncode == 0 and out.stderr == ""
+    assert out.returncode == exitcodes.NO_VERDICT == 6 and out.stderr == ""
     v = json.loads(out.stdout)
     assert v["cause"] == "unknown" and v["root"] is None and v["consequences"] == []
 
@@ -58,11 +59,11 @@ def test_binary_non_utf8_and_truncated_inputs(tmp_path: Path) -> None:
     n.write_bytes("(Worker_TP0 pid=5) INFO 03-26 04:15:27 [x.py:1] caf\xe9 \xff\xfe\n".encode("latin-1"))
     for p in (b, t, n):
         out = diagnose("--json", str(p))
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == exitcodes.NO_VERDICT, out.stderr
         assert "Traceback" not in out.stderr
         assert json.loads(out.stdout)["cause"] == "unknown"
     out = diagnose(str(b))  # human output too
-    assert out.returncode == 0 and out.stdout.startswith("VERDICT: unknown")
+    assert out.returncode == exitcodes.NO_VERDICT and out.stdout.startswith("VERDICT: unknown")
 
 
 def test_unreadable_paths_exit_2_with_one_line(tmp_path: Path) -> None:

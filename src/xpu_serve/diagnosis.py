@@ -31,6 +31,7 @@ keeps its first few occurrences and counts.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import re
 import signal
 from bisect import bisect_right
@@ -139,6 +140,10 @@ _DEATH_EVIDENCE = frozenset(
 _UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
 # crash dumps a signal handler writes straight to stderr: never under a logger's INFO/WARNING
 # header (such a line reports an earlier crash, it is not one)
+# the signals a launcher ends a tree with (a shell's "Killed", docker's exit 137/143, a stop timeout)
+_STOP_KILLS = frozenset({"SIGKILL", "SIGTERM"})
+# causes a consequence line's quoted error cannot give it: they name no failure of their own
+_UNQUOTABLE_CAUSES = frozenset({None, "engine-hang", "startup-hang", "process-crash", "unknown"})
 _SIGNAL_DUMPS = frozenset(
     {
         "fatal-python-error",
@@ -172,7 +177,7 @@ _NATIVE_FRAME_RE = re.compile(
 # frames that only show the signal being delivered (libc, the dynamic loader, the handler itself)
 _SIGNAL_FRAME_RE = re.compile(
     r"libc\.so|libc-|libpthread|ld-linux|__restore_rt|\bkillpg\b|\braise\b|\babort\b|libucs|ucs_handle_error"
-    r"|libopen-pal|opal_|libc10\.so\(_ZN3c10\d+Error|FatalSignal|signal_handler|SignalHandler"
+    r"|libopen-pal|opal_|libc10\.so\(_ZN3c10\d+Error|FatalSignal|signal_handler|SignalHandler|libc_sigaction"
 )
 # the crashing frame is in a collective communication library (oneCCL, NCCL/RCCL, MPI, libfabric,
 # MSCCL++, HCCL): by name of the shared object or by (mangled) namespace
@@ -180,6 +185,35 @@ _COLLECTIVE_NATIVE_RE = re.compile(
     r"lib(?:ccl|nccl|rccl|mpi|fabric|mscclpp|hccl|psm\d)\w*\.so|\bccl_\w+::|\bccl::|\bnccl[A-Z]\w*"
     r"|\bmscclpp::|_ZN\d*(?:mscclpp|ccl)\d|\bhccl[A-Z]\w*"
 )
+
+# the crashing frame is inside a GPU user-mode driver or runtime: by the shared object's name, or by
+# the driver/runtime API symbol when the dump prints no path (CUDA driver/runtime cu*/cuda*, Level
+# Zero ze*/zex*, Unified Runtime ur*, HIP hip*, ROCr hsa_*/hsaKmt*). The symbol must be the frame's
+# function: after gdb's " in ", glibc/Open MPI's "lib.so(", abseil's "@ 0x.. ", tvm-ffi's "line N, in "
+# or at the start of tvm-ffi's bare frame
+_GPU_RUNTIME_LIB_RE = re.compile(
+    r"(?P<library>(?:libze_|libigc|libigdrcl|libigdfcl|libur_|libsycl|libpi_|libOpenCL|libcuda|libnvidia-"
+    r"|libcudart|libnvrtc|libamdhip|libhsa-runtime|libamd_comgr|libumf|libigdgmm)[\w.+-]*?\.so[\d.]*)"
+)
+_GPU_RUNTIME_SYMBOL_RE = re.compile(
+    r"(?:\bin |\.so[\d.]*\(|@\s+0x[0-9a-f]+\s+|^\s*)"
+    r"(?P<symbol>(?:cuda|cu|zex|ze|ur|hip)[A-Z]\w*|hsa_\w+|hsaKmt[A-Z]\w*)\b"
+)
+# tvm-ffi's native frame: 'File "<unknown>", line 0, in cuMemCreate' or a C/C++ source file; a
+# Python frame (a .py file, `<frozen ...>`, `<string>`) is not native
+_FILE_NATIVE_FRAME_RE = re.compile(r'^\s*File "(?:<unknown>|[^"]*\.(?:c|cc|cpp|cxx|cu|h|hpp|S))", line \d+, in ')
+
+
+def gpu_runtime_frame(text: str) -> tuple[str, str | None] | None:
+    """(what, library) when a native frame line is inside a GPU driver/runtime: `what` is the library
+    file or the API symbol that names it, `library` the file when the frame prints one; else None."""
+    m = _GPU_RUNTIME_LIB_RE.search(text)
+    if m is not None:
+        return m.group("library"), m.group("library")
+    s = _GPU_RUNTIME_SYMBOL_RE.search(text)
+    if s is not None:
+        return s.group("symbol"), None
+    return None
 
 
 # Lines whose text a client controls: uvicorn's access log ('127.0.0.1:51234 - "GET /path?query
@@ -654,7 +688,10 @@ class Analyzer:
         src = ev.source
         if self._crash_wait:
             if text.lstrip().startswith('File "'):
-                self._crash_frame(ev, file, lineno, self._last_line.get(file))
+                if file in self._frame_until and _FILE_NATIVE_FRAME_RE.match(text):
+                    self._native_frame(ev, file, lineno)
+                else:
+                    self._crash_frame(ev, file, lineno, self._last_line.get(file))
             elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
                 self._native_frame(ev, file, lineno)
         # time carried forward per file for lines without their own stamp (ordering only)
@@ -790,6 +827,21 @@ class Analyzer:
             return None
         return ev
 
+    def _quoted_root(
+        self, ev: Event, start: int, in_tb: bool
+    ) -> tuple[Signature, re.Match[str]] | None:
+        """The root row matching the text after offset `start` of a consequence line that quotes its
+        cause (a `quotes_root` row: "watchdog thread terminated with exception: CUDA error: an illegal
+        memory access"), or None. Only a named failure counts: a quoted hang, crash or generic
+        exception says no more than the consequence itself."""
+        rest = ev.text[start:]
+        if len(rest) < 8:
+            return None
+        m = self.table.match(dataclasses.replace(ev, text=rest), in_tb)
+        if m is None or m[0].role != "root" or m[0].cause in _UNQUOTABLE_CAUSES or m[0].id == "python-exception":
+            return None
+        return m
+
     def _classify(self, ev: Event, in_tb: bool, file: str, lineno: int) -> Signature | None:
         if _USER_TEXT_RE.match(ev.text):
             # a request's own text (uvicorn's access line with the path and query, vLLM's request
@@ -806,6 +858,11 @@ class Analyzer:
                 self._what_line(ev, file, lineno, None)
             return None
         sig, mt = m
+        if sig.extra.get("quotes_root"):
+            quoted = self._quoted_root(ev, mt.end(), in_tb)
+            if quoted is not None:
+                ev.extra["quoted_by"] = sig.id
+                sig, mt = quoted
         if sig.id in _SIGNAL_DUMPS and ev.level in _QUIET_LEVELS:
             return None
         if sig.id == "python-exception" and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
@@ -1059,10 +1116,21 @@ class Analyzer:
         self._native_seen.add(done)  # the wait stays open for the dump's Python frames (_crash_frame)
         self._frame_until.pop(file, None)
         if _COLLECTIVE_NATIVE_RE.search(ev.text):
-            for cev in cw[1]:
-                if cev.cause == "process-crash":
-                    cev.cause = "collective-failure"
-                    cev.extra["crash_frame"] = ev.text.strip()
+            self._attribute_crash(cw[1], "collective-failure", ev.text, None)
+            return
+        gpu = gpu_runtime_frame(ev.text)
+        if gpu is not None:
+            self._attribute_crash(cw[1], "umd-segfault", ev.text, gpu[1])
+
+    @staticmethod
+    def _attribute_crash(dumps: list[Event], cause: str, frame: str, library: str | None) -> None:
+        """The crash dumps waiting on their first frame take `cause` (only a bare process-crash)."""
+        for cev in dumps:
+            if cev.cause == "process-crash":
+                cev.cause = cause
+                cev.extra["crash_frame"] = frame.strip()
+                if library is not None:
+                    cev.extra.setdefault("library", library)
 
     def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
         """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
@@ -1161,6 +1229,39 @@ class Analyzer:
         )
         return inc
 
+    def _waits_after_startup_progress(self, waits: list[Event]) -> list[Event]:
+        """The engine's no-progress warnings (shm_broadcast's "No available shared memory broadcast
+        block found in 60 seconds"...) not followed by a later start-up milestone: a wait that start-up
+        then moved on from was long start-up work (graph capture, KV-cache profiling, torch.compile,
+        weight loading), not a stall. [] stays []; without milestones the list is returned as is."""
+        if not waits or not self.milestones:
+            return waits
+        last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
+        return [e for e in waits if _cmp_time(e, last_ms) >= 0]
+
+    def _drop_launcher_kills(self, cands: list[Event], demoted: list[Event]) -> list[Event]:
+        """Root candidates without the launcher reports (`launcher_report` rows: bash's "Killed", docker's
+        exit 137, systemd's status=9/KILL) of a SIGKILL or SIGTERM read after a vLLM process's own
+        death record (a worker or EngineCore reported dead): vLLM's shutdown of its tree, or the
+        launcher's stop timeout, ends in that kill; the earlier death is the root. Demoted ones go to
+        `demoted`."""
+        deaths = [
+            e
+            for e in cands
+            if e.cause == "process-crash" and not self.table.by_id[e.signature or ""].extra.get("launcher_report")
+        ]
+        if not deaths:
+            return cands
+        first = min(_order_of(e) for e in deaths)
+        keep = []
+        for e in cands:
+            row = self.table.by_id[e.signature or ""]
+            if row.extra.get("launcher_report") and death_signal(e) in _STOP_KILLS and _order_of(e) > first:
+                demoted.append(e)
+            else:
+                keep.append(e)
+        return keep
+
     def _incident(self) -> Incident:
         self.last_progress = self._ref_event(self.last_progress)
         self.last_stats = self._ref_event(self.last_stats)
@@ -1213,6 +1314,7 @@ class Analyzer:
                 else:
                     keep_t.append(e)
             cands = keep_t
+        cands = self._drop_launcher_kills(cands, demoted)
         detections = [e for e in cands if e.cause == "engine-hang" and e.signature != "bare-timeout-error"]
         if detections:
             # vLLM's own hang detection (the execute-model RPC timeout) makes EngineCore raise and
@@ -1303,6 +1405,7 @@ class Analyzer:
             for e in evs
             if self.table.by_id[sid].cause == "engine-hang" and sid != "bare-timeout-error"
         ]
+        hang_precursors = self._waits_after_startup_progress(hang_precursors)
         if root is None and self.ready:
             lp = self.last_progress
             late_waits = [e for e in hang_precursors if lp is None or _cmp_time(lp, e) < 0]

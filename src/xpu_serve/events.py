@@ -525,6 +525,9 @@ def _json_field_record(text: str) -> str | None:
     return val if val.strip() and "\n" not in val else None
 
 
+# the message field of a one-line JSON log record: docker's json-file driver {"log": ..., "stream": ...},
+# a process runner's event stream {"event": "line", "data": ...}, Loki/Elastic/Cloud Logging exports
+# ("message", "msg", "textPayload"), journalctl -o json ("MESSAGE"); and its stamp field, if any
 def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
     s = _clean(raw)
     wrap_time: str | None = None

@@ -17,3 +17,5 @@ GAVE_UP_AT_ONCE = 4
 """`up` gave up at once: a failure that a restart cannot fix (config error, port owned by another program)."""
 LOCKED = 5
 """Another supervisor already holds the runtime directory's lock."""
+NO_VERDICT = 6
+"""`diagnose` ran but found nothing that supports a verdict (`cause: unknown`); the report is printed as usual."""

@@ -23,7 +23,7 @@ Envelopes (sources of truth):
   json-file driver and fluent-bit/Fluentd (`log`, `time`), Vector and CloudWatch (`message`,
   `timestamp`), Loki/Elastic (`message`/`msg`, `@timestamp`), Google Cloud Logging LogEntry
   (`textPayload` or `jsonPayload.message`/`jsonPayload.MESSAGE`, `timestamp` RFC 3339,
-  `severity`), Kubernetes node-problem-detector style `{"kind": ..., "message": ...}`.
+  `severity`), process wrappers that emit `{"event": "line", "data": ...}`, Kubernetes node-problem-detector style `{"kind": ..., "message": ...}`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ _DECODE_RE = re.compile(
     r"(emerg|alert|crit|err|warn|notice|info|debug)\s*: "
 )
 # where a shipper's JSON object keeps the text, in the order tried (dotted: a nested object)
-MESSAGE_KEYS = ("MESSAGE", "message", "log", "msg", "textPayload", "jsonPayload.message", "jsonPayload.MESSAGE")
-_TIME_KEYS = ("__REALTIME_TIMESTAMP", "timestamp", "time", "@timestamp", "date")
+MESSAGE_KEYS = (
+    "MESSAGE", "message", "log", "msg", "data", "textPayload", "jsonPayload.message", "jsonPayload.MESSAGE"
+)
+_TIME_KEYS = ("__REALTIME_TIMESTAMP", "timestamp", "time", "@timestamp", "ts", "date")
 
 
 @dataclass

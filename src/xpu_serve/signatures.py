@@ -24,7 +24,11 @@
   fault before the job timeout, reset and wedge that follow it; see diagnosis._primary_gpu_fault);
   codes ({table, class}: the pattern's `{codes}` is replaced by an alternation of the keys of
   `data/<table>.yaml` whose entry has that `class`, e.g. the NVIDIA Xids of one class in
-  `data/nvidia_xid.yaml`: knowledge keyed by a number stays one table, not one row per number).
+  `data/nvidia_xid.yaml`: knowledge keyed by a number stays one table, not one row per number);
+  quotes_root (a consequence line that may quote the error that caused it, "... terminated with exception: CUDA error: ...": the text
+  after the row's match is classified again and a root row found there gives the line its cause),
+  launcher_report (a shell's or launcher's report of its child's death: a SIGKILL/SIGTERM it reports
+  after vLLM's own report of an earlier death is the end of vLLM's shutdown, a consequence).
 
 Classification is first match in table order among the rows whose keywords occur in the text.
 """
@@ -350,7 +354,12 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
                 overlaps=_as_tuple(row.get("overlaps")),
                 detected_by=row.get("detected_by"),
                 index=i,
-                extra={"fatal": bool(row.get("fatal", False)), "opens_burst": bool(row.get("opens_burst", False))},
+                extra={
+                    "fatal": bool(row.get("fatal", False)),
+                    "quotes_root": bool(row.get("quotes_root", False)),
+                    "launcher_report": bool(row.get("launcher_report", False)),
+                    "opens_burst": bool(row.get("opens_burst", False)),
+                },
             )
         )
     return SignatureTable(rows)

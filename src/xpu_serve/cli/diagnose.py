@@ -10,8 +10,9 @@ input that never ends (a FIFO whose writer never closes) runs until EOF, like `g
 than 64 KiB are cut, so memory stays bounded. A UTF-8/UTF-16/UTF-32 byte-order mark at the start of
 an input selects its encoding (logs saved by Windows tools are UTF-16 with a BOM); else UTF-8.
 
-Exit codes (xpu_serve.exitcodes): 0 when the analysis ran (also for `cause: unknown`),
-2 with one line on stderr for a path that cannot be read, a device or socket ("PATH: not a
+Exit codes (xpu_serve.exitcodes): 0 when the analysis reached a verdict, 6 (NO_VERDICT) when it
+ran but the verdict is `cause: unknown` (the report is printed all the same), so scripts can tell
+"nothing found" from a verdict; 2 with one line on stderr for a path that cannot be read, a device or socket ("PATH: not a
 regular file"), a directory that is not a bundle, or no file given.
 """
 
@@ -208,4 +209,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(inc.to_contract(), indent=1, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write(render_text(inc))
-    return exitcodes.OK
+    return exitcodes.NO_VERDICT if inc.cause == "unknown" else exitcodes.OK
