@@ -39,10 +39,16 @@ def test_journal_json_kernel_record_goes_to_the_kernel_parser() -> None:
     assert parse_line(line).source == "kernel"
 
 
-@pytest.mark.parametrize("line", ['{"a": 1}', '{"log": 5}', '{"log": "a\\nb"}', '{"log": "x"', "{not json}"])
+@pytest.mark.parametrize("line", ['{"a": 1}', '{"log": 5}', '{"log": "x"', "{not json}"])
 def test_other_braced_lines_stay_text(line: str) -> None:
     ev = parse_line(line)
     assert ev.source == "text" and ev.text == line
+
+
+def test_multi_line_message_reads_its_last_line() -> None:
+    # a traceback shipped as one object: its last line carries the exception (log_envelopes._json_line)
+    ev = parse_line(json.dumps({"log": "Traceback (most recent call last):\nRuntimeError: CUDA error: boom\n"}))
+    assert ev.text.endswith("RuntimeError: CUDA error: boom")
 
 
 def test_verdict_from_a_docker_json_file_log() -> None:

@@ -38,26 +38,6 @@ KNOWN_GAPS: dict[str, str] = {
         "the cause is right but the `(EngineCore pid=2651)` prefix after the Lemonade wrapper "
         "`2026-05-08 11:47:02.257 [Error] (Process) ` is not parsed, so the root names no process and no pid"
     ),
-    "hsa-memory-access-fault-unprefixed-enginecore-890m": (
-        "the ROCr line `Memory access fault by GPU node-1 (Agent handle: ...) ... Reason: Page not present or "
-        "supervisor privilege.` is not recognised as the device faulting; the input reads as a start-up stall"
-    ),
-    "hsa-queue-aborting-hw-exception-json-event-lines": (
-        "ROCr's `Callback: Queue 0x... aborting with error : HSA_STATUS_ERROR_EXCEPTION ... code: 0x1016` inside "
-        "JSON-lines `data` strings is not recognised (neither the record nor the JSON wrapper): the verdict is unknown"
-    ),
-    "hsa-hw-exception-gpu-hang-glued-tqdm-mi300x": (
-        "ROCr's `HW Exception by GPU node-9 (Agent handle: ...) reason :GPU Hang` (the first glued onto a tqdm bar) "
-        "is not recognised as the device lost; only the shell's `Aborted (core dumped)` is, giving process-crash"
-    ),
-    "pi-out-of-host-memory-sycl-memset-a310-ollama": (
-        "`Native API returns: -6 (PI_ERROR_OUT_OF_HOST_MEMORY)` on a SYCL device memset is read as a generic SYCL "
-        "runtime error (process-exception), not as the runtime running out of memory (device-oom)"
-    ),
-    "xpu-device-count-zero-failed-to-infer-device-type": (
-        "vLLM's `RuntimeError: Failed to infer device type` (with torch's `XPU device count is zero!`) as a bare "
-        "line is not recognised as a start-up failure on the environment's configuration: the verdict is unknown"
-    ),
     "unknown-shard-loading-bars-only-96-shards": (
         "bare tqdm lines `Loading safetensors checkpoint shards: 61% Completed | 59/96 [04:27<...]` advancing steadily "
         "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
@@ -74,15 +54,6 @@ KNOWN_GAPS: dict[str, str] = {
     "cuda-device-assert-gather-grep-n-prefix-gb10": (
         "the CUDA device-side assertion `vectorized_gather_kernel: ... Assertion ... failed.` behind a `grep -n` "
         "line-number prefix (`14633:/pytorch/aten/...`) is not recognised as a process exception"
-    ),
-    "cuda-illegal-address-nccl-watchdog-glued-tqdm-v0": (
-        "`Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was "
-        "encountered` in a ProcessGroupNCCL record with its `[` cut (`rank0]:[E811 ...`) and a tqdm tail glued on "
-        "is not read"
-    ),
-    "cuda-no-kernel-image-portainer-stamp-pipe-blackwell": (
-        "`RuntimeError: CUDA error: no kernel image is available for execution on the device` behind a container "
-        "UI's `2025-05-30 18:28:27.890 | ` stamp-and-pipe prefix is not read"
     ),
     "enginecore-fatal-collective-rpc-get-response-one-running": (
         "`EngineCore encountered a fatal error` whose first frame is `collective_rpc` -> `result = get_response(w, "
