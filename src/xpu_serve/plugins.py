@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpu_serve import output
 from xpu_serve.incarnation import Observer, Watcher
 
 
@@ -40,7 +41,6 @@ def observers_for(config: Any) -> list[Observer]:
     The metrics endpoint is started here; if its address cannot be bound, one warning goes to
     stderr and supervision goes on without it (metrics are a feature, not a reason to stop).
     """
-    import sys
 
     from xpu_serve.integrations.metrics import SupervisorMetrics
     from xpu_serve.integrations.systemd import SystemdNotifier
@@ -56,7 +56,7 @@ def observers_for(config: Any) -> list[Observer]:
             metrics.start(config.metrics.listen)
             observers.append(metrics)
         except (OSError, ValueError) as e:
-            print(f"xpu-serve: warning: metrics endpoint {config.metrics.listen} disabled: {e}", file=sys.stderr)
+            output.writer(2).write(f"xpu-serve: warning: metrics endpoint {config.metrics.listen} disabled: {e}\n")
     if config.webhook.url:
         observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
     return observers

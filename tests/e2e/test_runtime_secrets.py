@@ -9,8 +9,10 @@ every file under the runtime directory and the captured stdout/stderr of `up` ar
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import string
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from .harness import SimUp
 
@@ -31,8 +34,6 @@ def _state(up: SimUp) -> dict[str, Any]:
         [sys.executable, "-m", "xpu_serve", "status", "--runtime-dir", str(up.runtime), "--json"],
         capture_output=True, text=True, timeout=30,
     )
-    import json
-
     try:
         return dict(json.loads(out.stdout))
     except ValueError:
@@ -132,3 +133,23 @@ def _swallow(fn: Any) -> None:
         fn()
     except httpx.HTTPError:
         pass
+
+
+def test_status_of_another_users_private_runtime_dir_says_so(tmp_path: Path) -> None:
+    """As a user that is neither the supervisor's nor root (here: root without the capabilities
+    that bypass file modes, on a state.json owned by nobody), one line, exit 2."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    (rt / "state.json").write_text("{}")
+    os.chown(rt / "state.json", 65534, 65534)
+    os.chmod(rt / "state.json", 0o600)
+    caps = "-dac_override,-dac_read_search"
+    out = subprocess.run(
+        ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}",
+         sys.executable, "-m", "xpu_serve", "status", "--runtime-dir", str(rt)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out
+    assert out.stderr == f"{rt}/state.json: permission denied: run status as the supervisor's user or root\n"
