@@ -39,6 +39,9 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
   the engine's pipes into ``vllm.log`` until they reach EOF, so the engine, which lives on in its
   own session until the next `up` stops it, neither blocks, dies of SIGPIPE nor loses its output;
   signals from a terminal or systemd are ignored.
+  Known secrets (`secrets`): the relay replaces each value by ``***`` in every line before it
+  writes or forwards it (values get it in the source on its stdin, not its argv) and does not
+  splice; the writer does the same in the thread fallback. Files are created 0600.
   Fallback (`relay=False`, the relay cannot start, or it dies: a notice is echoed): one
   reader thread per pipe in this process, and the writer thread writes ``vllm.log``; here a
   lagging writer makes the readers drop whole lines from *every* output, ``vllm.log`` included
