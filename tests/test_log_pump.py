@@ -1289,3 +1289,58 @@ def test_line_numbers_and_drop_marker_range_stay_exact_after_a_disk_error(tmp_pa
             assert text[a - 2] in seen and (b >= len(text) - 1 or text[b] in seen)  # exactly the dropped lines
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+SECRET_WRITER = r"""
+import os, sys, time
+key = sys.argv[1].encode()
+out = bytearray()
+for i in range(30000):
+    if i % 7 == 0:
+        out += b"(APIServer pid=1) INFO non-default args: {'api_key': '" + key + b"', 'n': %d}\n" % i
+    else:
+        out += b"(Worker_TP0 pid=2) INFO step %d a little text around a, k, e and y\n" % i
+os.write(1, bytes(out))
+# the key split across two writes (two reads): still one line, still replaced
+os.write(1, b"(APIServer pid=1) Bearer " + key[:5])
+time.sleep(0.2)
+os.write(1, key[5:] + b" end\n")
+os.write(2, key + b" on stderr\n")
+"""
+
+
+def test_known_secrets_are_replaced_in_every_output_line_by_line(tmp_path: Path, relay: bool) -> None:
+    key = "Zq8fT2uVw9XyLm3Nc7Ra5Bd1Ke6Hg4Pj"
+    got = Collect()
+    echo = io.StringIO()
+    logs = LogPump.dir_for(tmp_path, 1)
+    pump = LogPump(logs, 1, echo=echo, on_line=got, relay=relay, secrets=[key, "multi\nline"])
+    try:
+        with child([sys.executable, "-c", SECRET_WRITER, key]) as p:
+            pump.start(p.stdout, p.stderr)
+            if relay:  # the relay got the values, not on its command line (/proc shows it to all)
+                assert pump._relay is not None
+                assert key.encode() not in Path(f"/proc/{pump._relay.pid}/cmdline").read_bytes()
+            assert pump.wait_eof(30)
+            assert p.wait(30) == 0
+    finally:
+        stats = pump.close()
+    assert stats.dropped_lines == 0
+    expected = []
+    for i in range(30000):
+        if i % 7 == 0:
+            expected.append(f"(APIServer pid=1) INFO non-default args: {{'api_key': '***', 'n': {i}}}")
+        else:
+            expected.append(f"(Worker_TP0 pid=2) INFO step {i} a little text around a, k, e and y")
+    expected.append("(APIServer pid=1) Bearer *** end")
+    vlog = (logs / "vllm.log").read_bytes().decode().split("\n")
+    assert vlog[-1] == ""
+    assert sorted(vlog[:-1]) == sorted([*expected, "*** on stderr"])  # (stderr may come first)
+    assert [ln for ln in vlog[:-1] if ln != "*** on stderr"] == expected  # byte-identical but for ***
+    assert [line for _, line in got.lines] == vlog[:-1]  # the callback, numbered as vllm.log
+    assert [n for n, _ in got.lines] == list(range(1, len(vlog)))
+    for f in logs.iterdir():
+        assert key.encode() not in f.read_bytes(), f
+        assert (f.stat().st_mode & 0o777) == 0o600, f
+    shown = echo.getvalue()  # (the echo may drop lines when it falls behind: only what it shows)
+    assert key not in shown and "[i1] (APIServer pid=1) Bearer *** end\n" in shown

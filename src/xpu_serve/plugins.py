@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpu_serve import output
 from xpu_serve.incarnation import Observer, Watcher
 
 
@@ -41,7 +42,6 @@ def observers_for(config: Any, warn: Any = None) -> list[Observer]:
     `warn(message)` (the supervisor's event log: stderr and events.jsonl; without it, stderr)
     and supervision goes on without it (metrics are a feature, not a reason to stop).
     """
-    import sys
 
     from xpu_serve.integrations.metrics import SupervisorMetrics
     from xpu_serve.integrations.systemd import SystemdNotifier
@@ -61,7 +61,7 @@ def observers_for(config: Any, warn: Any = None) -> list[Observer]:
             if callable(warn):
                 warn(msg)
             else:
-                print(f"xpu-serve: warning: {msg}", file=sys.stderr)
+                output.writer(2).write(f"xpu-serve: warning: {msg}\n")
     if config.webhook.url:
         observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
     return observers

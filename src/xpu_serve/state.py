@@ -68,7 +68,7 @@ class RuntimeLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -79,6 +79,8 @@ class RuntimeLock:
             os.close(fd)
             raise LockedError(self.path, holder) from None
         os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)  # (a file of an earlier run)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
@@ -186,7 +188,7 @@ def write_state(runtime_dir: Path, data: dict[str, Any]) -> str:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)  # private to the supervisor's user (status reads it as that user or root)
         os.replace(tmp, runtime_dir / STATE_FILE)
         return "atomic"
     except OSError as e:

@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -35,12 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, BinaryIO, cast
+from typing import IO, Any, BinaryIO, TextIO, cast
 
-from xpu_serve import aio, cleanup, exitcodes, facts, logdirs, recovery
+from xpu_serve import aio, cleanup, exitcodes, facts, logdirs, output, recovery
 from xpu_serve.config import Config
 from xpu_serve.events import Event, split_process_prefix
 from xpu_serve.incarnation import Observer, ProcessInfo, Status, Trigger, Watcher
+from xpu_serve.redact import Redactor, secrets_in_argv, secrets_in_env, secrets_in_mapping
 from xpu_serve.restart_policy import RestartPolicy
 from xpu_serve.sources import health as health_src
 from xpu_serve.sources import processes as proc_src
@@ -121,7 +121,7 @@ def set_aside_old_logs(log_dir: Path) -> Path | None:
 EVENT_LEVELS = {
     "incident": "error", "failed": "error", "gave-up": "error",
     "detected": "warning", "warning": "warning", "orphans": "warning", "restart-held": "warning",
-    "kill": "warning", "reaped": "debug",
+    "kill": "warning", "output-dropped": "warning", "reaped": "debug",
 }
 # syslog priorities of the levels (sd-daemon.h: SD_ERR 3, SD_WARNING 4, SD_INFO 6, SD_DEBUG 7)
 SYSLOG_PRIORITY = {"error": 3, "warning": 4, "info": 6, "debug": 7}
@@ -137,42 +137,82 @@ def _is_journal_stream(stream: IO[str], journal_stream: str) -> bool:
         return False
 
 
+def _open_private_append(path: Path) -> IO[str]:
+    """`path` opened for appending lines, created 0600 (and made 0600 if an earlier run left it wider)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)
+    return open(fd, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+
+
 class EventLog:
     """The supervisor's own events, one line each, on `stream` (stderr by default).
 
     Text: `2026-11-30T09:00:00.123Z xpu-serve: ready: incarnation 1 in 3.2 s`.
     JSON (`fmt="json"`): {"time": ISO, "ts": epoch s, "event": "ready", "level": "info", "msg": ...,
-    **fields}. Every event is also appended as JSON to RUNTIME/events.jsonl when `jsonl_path` is set.
-    `level` (debug/info/warning/error) is `emit(level=)` or else EVENT_LEVELS[event] (default info).
-    When `stream` is connected to journald ($JOURNAL_STREAM names its device:inode, systemd.exec(5)),
-    each line starts with `<N>`, the syslog priority (sd-daemon(3): SD_ERR "<3>" ... SD_DEBUG "<7>"),
-    which journald strips and stores as PRIORITY, so `journalctl -p err` selects the errors.
+    **fields}. Every event is also appended as JSON to RUNTIME/events.jsonl (mode 0600) when
+    `jsonl_path` is set. `level` (debug/info/warning/error) is `emit(level=)` or else
+    EVENT_LEVELS[event] (default info). When `stream` is connected to journald ($JOURNAL_STREAM
+    names its device:inode, systemd.exec(5)), each line starts with `<N>`, the syslog priority
+    (sd-daemon(3): SD_ERR "<3>" ... SD_DEBUG "<7>"), which journald strips and stores as PRIORITY,
+    so `journalctl -p err` selects the errors.
+    The default stream is `xpu_serve.output.writer(2)`: a reader that stops reading never
+    blocks `emit`; lines it could not take are dropped, and where they were an `output-dropped`
+    event (`dropped`: lines, `stream`) is written, to events.jsonl too (`watch_output`).
+    `redact`, when set (the supervisor sets its known secrets' `Redactor.mapping`), is applied to
+    every record before it is written anywhere.
     """
 
     def __init__(self, fmt: str = "text", stream: IO[str] | None = None, jsonl_path: Path | None = None):
         self.fmt = fmt
-        self.stream = stream if stream is not None else sys.stderr
+        self.stream: IO[str] = stream if stream is not None else cast(IO[str], output.writer(2))
+        self.redact: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self._lock = threading.Lock()  # events.jsonl: the loop and the output writers' threads
         self._jsonl: IO[str] | None = None
         self._jsonl_path = jsonl_path
         if jsonl_path is not None:
             with contextlib.suppress(OSError):
-                self._jsonl = open(jsonl_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+                self._jsonl = _open_private_append(jsonl_path)
         self.journal = _is_journal_stream(self.stream, os.environ.get("JOURNAL_STREAM", ""))
+        self.watch_output(self.stream)
 
-    def emit(self, event: str, msg: str, level: str | None = None, **fields: Any) -> None:
+    def watch_output(self, stream: Any) -> None:
+        """Record the drops of `stream` (an `output.LineWriter`; others are ignored) as
+        `output-dropped` events: its summary line is that event's line."""
+        if isinstance(stream, output.LineWriter):
+            stream.summary = lambda n, name=stream.name: self._dropped(name, n)
+
+    def _dropped(self, name: str, n: int) -> str:
+        rec, line = self._record(
+            "output-dropped", f"{n} lines dropped ({name} not read)", "warning", {"dropped": n, "stream": name}
+        )
+        self._append(rec)
+        return line
+
+    def _record(self, event: str, msg: str, level: str | None, fields: dict[str, Any]) -> tuple[dict[str, Any], str]:
         ts = time.time()
         iso = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         level = level or EVENT_LEVELS.get(event, "info")
         rec = {"time": iso, "ts": ts, "event": event, "level": level, "msg": msg, **fields}
-        line = json.dumps(rec, default=str) if self.fmt == "json" else f"{iso} xpu-serve: {event}: {msg}"
+        if self.redact is not None:
+            rec = self.redact(rec)
+        line = json.dumps(rec, default=str) if self.fmt == "json" else f"{iso} xpu-serve: {event}: {rec['msg']}"
         if self.journal:
             line = f"<{SYSLOG_PRIORITY.get(level, 6)}>{line}"
+        return rec, line
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        with self._lock:
+            if self._jsonl is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._jsonl.write(json.dumps(rec, default=str) + "\n")
+
+    def emit(self, event: str, msg: str, level: str | None = None, **fields: Any) -> None:
+        rec, line = self._record(event, msg, level, fields)
         with contextlib.suppress(OSError, ValueError):
             self.stream.write(line + "\n")
             self.stream.flush()
-        if self._jsonl is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._jsonl.write(json.dumps(rec, default=str) + "\n")
+        self._append(rec)
 
     def reopen_if_moved(self) -> None:
         """Open events.jsonl again when its path no longer names the open file (the runtime
@@ -190,7 +230,7 @@ class EventLog:
         except (OSError, ValueError):
             return
         try:
-            new = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the log)
+            new = _open_private_append(path)
         except OSError:
             return
         self.close()
@@ -198,10 +238,11 @@ class EventLog:
 
     def close(self) -> None:
         """Close events.jsonl; a full disk at the final flush loses those lines, never the exit code."""
-        if self._jsonl is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._jsonl.close()
-            self._jsonl = None
+        with self._lock:
+            if self._jsonl is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._jsonl.close()
+                self._jsonl = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,6 +346,12 @@ class Supervisor:
         log: the supervisor's EventLog (default: text on stderr + RUNTIME/events.jsonl).
         watchers, observers: default `plugins.watchers_for(config)` / `observers_for(config)`.
         echo: echo the engine's output tagged with the incarnation on stdout.
+        engine_umask: the umask the engine is started with (`up` runs the supervisor under 077
+            and passes the operator's); None: the supervisor's own.
+
+    Secrets: the known secret values (`xpu_serve.redact`: secret-looking keys of the config, the
+    environment, the engine's argv and variables) are replaced by `***` in every event, the
+    logs and the echo. Files and directories it creates are 0600 / 0700.
 
     Signals (installed by `install_signal_handlers`): SIGTERM/SIGINT graceful stop (exit 0),
     a second SIGINT kills the tree at once, SIGHUP a planned restart (not a failure).
@@ -318,11 +365,17 @@ class Supervisor:
         watchers: list[Watcher] | None = None,
         observers: list[Observer] | None = None,
         echo: bool = True,
+        engine_umask: int | None = None,
     ):
         self.config = config
         self.runtime_dir = Path(runtime_dir)
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.log = log or EventLog(jsonl_path=self.runtime_dir / EVENTS_FILE)
+        self.redactor = Redactor(secrets_in_mapping(config.model_dump(mode="json")) + secrets_in_env(os.environ))
+        self.log.redact = self.redactor.mapping
+        self._engine_umask = -1 if engine_umask is None else engine_umask  # (Popen: -1 = unchanged)
+        self._echo_out = cast(TextIO, output.writer(1)) if echo else None
+        self.log.watch_output(self._echo_out)
         # built in run(), once the lock is held (observers may bind a port: metrics)
         self._plugins_given = (watchers, observers)
         self.watchers: list[Watcher] = watchers or []
@@ -965,7 +1018,9 @@ class Supervisor:
             self.log.emit(
                 "logs", f"logs of an earlier run in {log_dir} moved to {prev}", incarnation=n, moved_to=str(prev)
             )
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(OSError):
+            os.chmod(log_dir.parent, 0o700)  # RUNTIME/logs (mkdir's mode is only for the leaf)
         await self._prune_logs(log_dir)
         ctx = Incarnation(
             incarnation=n,
@@ -1012,6 +1067,7 @@ class Supervisor:
         )
         env.update(overrides)
         ctx.argv, ctx.env = rendered.argv, overrides
+        self.redactor.add(secrets_in_env(rendered.env) + secrets_in_argv(rendered.argv))
         ctx.shm_before = cleanup.snapshot_segments()
         try:
             popen = subprocess.Popen(
@@ -1022,6 +1078,7 @@ class Supervisor:
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                umask=self._engine_umask,
             )
         except OSError as ex:
             ctx.fail(
@@ -1042,7 +1099,7 @@ class Supervisor:
         self._write_state()
         self.log.emit(
             "launched",
-            f"incarnation {n}: engine pid {popen.pid}: {' '.join(rendered.argv)}",
+            f"incarnation {n}: engine pid {popen.pid}: {' '.join(self.redactor.argv(rendered.argv))}",
             incarnation=n,
             pid=popen.pid,
         )
@@ -1104,11 +1161,12 @@ class Supervisor:
         pump = LogPump(
             ctx.log_dir,
             incarnation=ctx.incarnation,
-            echo=sys.stdout if self.echo else None,
+            echo=self._echo_out,
             on_line=self._line_from_pump,
             # the supervisor's own probes (health, readiness, hang watchdog) would fill journald /
             # docker logs with an access line every few seconds; they stay in vllm.log
             echo_quiet_paths=ECHO_QUIET_PATHS,
+            secrets=self.redactor.secrets,
         )
         self._log_file = str(pump.log_path)
         pump.start(cast(BinaryIO, popen.stdout), cast(BinaryIO, popen.stderr))
@@ -1864,12 +1922,14 @@ def signal_name(signum: int) -> str:
     return proc_src.signal_name(signum)
 
 
-def run_supervisor(config: Config, runtime_dir: Path, log: EventLog, echo: bool = True) -> int:
+def run_supervisor(
+    config: Config, runtime_dir: Path, log: EventLog, echo: bool = True, engine_umask: int | None = None
+) -> int:
     """Run a Supervisor on a fresh event loop with signal handlers; returns the exit code.
 
     Raises state.LockedError when the runtime directory is held by another supervisor.
     """
-    sup = Supervisor(config, runtime_dir, log=log, echo=echo)
+    sup = Supervisor(config, runtime_dir, log=log, echo=echo, engine_umask=engine_umask)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

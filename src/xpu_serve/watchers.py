@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from xpu_serve import aio, facts
+from xpu_serve import aio, facts, output
 from xpu_serve.events import Event
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.sources import kernel as ksrc
@@ -61,7 +60,7 @@ _GPU_DRIVERS = ("xe ", "i915 ")
 
 
 def _warn(msg: str) -> None:
-    print(f"xpu-serve: warning: {msg}", file=sys.stderr, flush=True)
+    output.writer(2).write(f"xpu-serve: warning: {msg}\n")  # (never blocks the loop: xpu_serve.output)
 
 
 def _failed(ctx: IncarnationContext) -> bool:

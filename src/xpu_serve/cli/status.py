@@ -155,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     try:
         st = read_state(runtime_dir)
+    except PermissionError:  # RUNTIME is 0700, state.json 0600: the supervisor's user (or root) only
+        print(f"{runtime_dir}/state.json: permission denied: run status as the supervisor's user or root",
+              file=sys.stderr)
+        return exitcodes.USAGE
     except (ValueError, OSError) as e:
         print(str(e), file=sys.stderr)
         return exitcodes.USAGE

@@ -39,6 +39,9 @@ process inside `write()`, in the middle of a forward pass if it is a worker). So
   the engine's pipes into ``vllm.log`` until they reach EOF, so the engine, which lives on in its
   own session until the next `up` stops it, neither blocks, dies of SIGPIPE nor loses its output;
   signals from a terminal or systemd are ignored.
+  Known secrets (`secrets`): the relay replaces each value by ``***`` in every line before it
+  writes or forwards it (values get it in the source on its stdin, not its argv) and does not
+  splice; the writer does the same in the thread fallback. Files are created 0600.
   Fallback (`relay=False`, the relay cannot start, or it dies: a notice is echoed): one
   reader thread per pipe in this process, and the writer thread writes ``vllm.log``; here a
   lagging writer makes the readers drop whole lines from *every* output, ``vllm.log`` included
@@ -151,7 +154,7 @@ import termios
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -334,9 +337,14 @@ for fd in ins:
 poller.register(ctl, select.POLLIN)
 out_mask = 0
 forwarding = True  # False once the supervisor's end is gone: vllm.log goes on
+# Known secret values (bytes, longest first, no CR/LF), replaced by *** in every line before it
+# is written or forwarded (`scrub`). Filled in by LogPump._start_relay in the source it sends on
+# stdin (a pipe): never on the argv, which /proc shows to every user.
+SECRETS = []  #SECRETS#
 # Splice path (see the module docstring): while the forwarding drops (or the supervisor is gone)
-# the pipes go to vllm.log by splice(), without a copy through this process.
-SPLICE = hasattr(os, "splice")  # Python >= 3.10 on Linux; else (or EINVAL...) read()/write()
+# the pipes go to vllm.log by splice(), without a copy through this process; not with SECRETS
+# (spliced bytes are not looked at).
+SPLICE = hasattr(os, "splice") and not SECRETS  # Python >= 3.10 on Linux; else read()/write()
 MARGIN = 1 << 16  # a splice stops this far before max_bytes: the read path rotates at a line end
 SMALL = 1 << 16  # read size that ends an owner's line when another stream waits
 OWN_WAIT = 0.02  # s another stream waits for the owner's line to end before it is split
@@ -444,7 +452,7 @@ def open_log():
     global lfd, lsize, partial, dfd
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
     try:
-        fd = os.open(lname, flags, 0o644, dir_fd=dfd)
+        fd = os.open(lname, flags, 0o600, dir_fd=dfd)
     except FileNotFoundError:
         if dfd is None:
             raise
@@ -453,7 +461,7 @@ def open_log():
         nd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         os.close(dfd)
         dfd = nd
-        fd = os.open(lname, flags, 0o644, dir_fd=dfd)
+        fd = os.open(lname, flags, 0o600, dir_fd=dfd)
     try:
         lsize = os.lseek(fd, 0, os.SEEK_END)
     except OSError:
@@ -586,6 +594,19 @@ def log(i, data, end):
     if owner >= 0 and not partial:
         release()  # (log() writes whole lines: an owner's line ended here)
 
+def scrub(data, end):
+    # data[:end] (whole lines) with every known secret value replaced by ***: (data, end) as
+    # they are when none occurs (C-level find per value), else a copy and its new length.
+    for s in SECRETS:
+        if data.find(s, 0, end) >= 0:
+            break
+    else:
+        return data, end
+    b = bytes(memoryview(data)[:end])
+    for s in SECRETS:
+        b = b.replace(s, b"***")
+    return b, len(b)
+
 def take(i, n):
     # Write out the whole lines in buf[:n] (the stream's held partial line, then what was just
     # read), hold the partial tail; CR and CRLF become LF (a copy, only when there is a CR).
@@ -603,6 +624,8 @@ def take(i, n):
         data, nl, rest = bytes(memoryview(data)[:n]) + b"\n", n + 1, b""
     carry[i] = rest
     if nl:
+        if SECRETS:
+            data, nl = scrub(data, nl)
         log(i, data, nl)
 
 def end_stream(fd):
@@ -614,7 +637,8 @@ def end_stream(fd):
     if rest and owner >= 0 and owner != i:
         split_line()
     if rest or owner == i:  # (owner: its unfinished line is in vllm.log, end it)
-        log(i, rest + b"\n", len(rest) + 1)
+        line, k = scrub(rest + b"\n", len(rest) + 1)
+        log(i, line, k)
     if len(open_ins) == 1 and broken_until:
         frame(LOGMISS, 0, missed, err_no)
     frame(EOF, i)
@@ -890,6 +914,7 @@ except OSError:
 
 
 _RELAY_SRC = _RELAY_SRC.replace("#SHIFT_BACKUPS#", _SHIFT_BACKUPS_SRC.strip())
+_SECRETS_SLOT = "SECRETS = []  #SECRETS#"
 _shared: dict[str, object] = {"os": os}
 exec(compile(_SHIFT_BACKUPS_SRC, "<shift_backups>", "exec"), _shared)  # a constant: see _SHIFT_BACKUPS_SRC
 _shift_backups: Callable[[str, int], None] = _shared["shift_backups"]  # type: ignore[assignment]
@@ -978,10 +1003,10 @@ class _RotatingFile:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
             try:
-                fd = os.open(self.path, flags, 0o644)
+                fd = os.open(self.path, flags, 0o600)
             except FileNotFoundError:  # its directory was removed too: make it again
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, flags, 0o644)
+                fd = os.open(self.path, flags, 0o600)
             try:
                 self._size = os.fstat(fd).st_size
             except OSError:
@@ -1122,6 +1147,11 @@ class LogPump:
             query string is ignored): the supervisor's own probes would flood journald /
             ``docker logs``. They stay in ``vllm.log``, the per-process files and the callback;
             access lines with status >= 400 are echoed.
+        secrets: known secret values (the engine's API key...) replaced by ``***`` in every
+            output (``vllm.log``, the per-process files, the echo, the callback), line by line so
+            that line numbers stay (values holding CR or LF are left out); the caller decides
+            which values count (the supervisor: `xpu_serve.redact.Redactor.secrets`). With any,
+            the relay does not splice (it must see every byte).
     """
 
     def __init__(
@@ -1139,6 +1169,7 @@ class LogPump:
         retry_interval_s: float = 1.0,
         relay: bool = True,
         echo_quiet_paths: tuple[str, ...] = (),
+        secrets: Iterable[str] = (),
     ) -> None:
         if max_bytes <= 0 or buffer_cap_bytes <= 0 or max_line_bytes <= 0 or backups < 0:
             raise ValueError("LogPump: max_bytes, buffer_cap_bytes, max_line_bytes must be > 0, backups >= 0")
@@ -1157,6 +1188,9 @@ class LogPump:
         self.echo_quiet_paths = tuple(echo_quiet_paths)
         self._quiet = frozenset(echo_quiet_paths)
         self._tag = f"[i{incarnation}] "
+        forms = {x.encode("utf-8", "surrogateescape") for x in secrets if x}
+        # longest first: a value containing another is replaced whole
+        self._secrets = sorted((f for f in forms if b"\n" not in f and b"\r" not in f), key=len, reverse=True)
         self._relay: subprocess.Popen[bytes] | None = None
         self._relay_out = -1  # read end of the relay's frame pipe
         self._relay_ctl = -1  # write end of the relay's control pipe
@@ -1495,7 +1529,8 @@ class LogPump:
             )
             assert relay.stdin is not None
             with relay.stdin:
-                relay.stdin.write(_RELAY_SRC.encode())  # a few kB: fits in the pipe, no deadlock
+                # a few kB: fits in the pipe, no deadlock; the secrets travel in it, not on argv
+                relay.stdin.write(_RELAY_SRC.replace(_SECRETS_SLOT, f"SECRETS = {self._secrets!r}").encode())
         except OSError:
             if relay is not None:  # started but already gone (its stdin broke)
                 relay.kill()
@@ -1844,6 +1879,9 @@ class LogPump:
 
     def _emit(self, out: _Batch, body: bytes) -> None:
         """Queue engine lines (`body`: lines joined by LF, no final LF) for every output."""
+        for sec in self._secrets:  # (relay mode: already replaced there; this covers the fallback)
+            if sec in body:
+                body = bytes(body).replace(sec, b"***")
         tlines = body.decode("utf-8", "replace").split("\n")
         if not self._relay_log:  # (else the relay wrote them to vllm.log already)
             out.vllm.append(body)
