@@ -4,14 +4,17 @@
   the verdict is umd-segfault and names the library;
 - worker-hang with a request in flight: the hang watchdog fires within hang_after_s x 1.2 of the
   last token, well before the (scaled) execute-model timeout, with stacks in the bundle;
-- worker-hang while idle: the canary catches it;
+- worker-hang while idle: the canary catches it; so it does, with the default hang settings, a
+  worker SIGSTOPped while idle or before the first request after idle;
 - startup-hang phase=ccl-init rank=1: a startup-hang naming the phase and rank 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -112,6 +115,48 @@ def test_idle_hang_caught_by_canary(tmp_path: Path, up_factory: Any) -> None:
     up.wait_event("ready", 60)
     failed = up.wait_event("failed", 30)
     assert "engine hang" in failed["msg"] and "canary" in failed["msg"], failed
+    assert up.stop() == 0
+
+
+def _stop_worker_when_idle(up: Any, send_request: bool) -> float:
+    """Wait for ready, SIGSTOP Worker_TP1 of the idle server (optionally then send one completion,
+    which gets stuck), return the time of the SIGSTOP."""
+    up.wait_event("ready", 60)
+    st = json.loads((up.runtime / "state.json").read_text())
+    worker = next(p["pid"] for p in st["processes"] if p["name"] == "Worker_TP1")
+    t0 = time.time()
+    os.kill(worker, signal.SIGSTOP)
+    if send_request:
+
+        def request() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    f"http://127.0.0.1:{up.port}/v1/completions",
+                    json={"model": "tiny", "prompt": "hi", "max_tokens": 4},
+                    timeout=30,
+                )
+
+        threading.Thread(target=request, daemon=True).start()
+    return t0
+
+
+@pytest.mark.parametrize("send_request", [False, True], ids=["idle", "first-request-after-idle"])
+def test_idle_hang_caught_with_the_default_hang_settings(up_factory: Any, send_request: bool) -> None:
+    """The defaults of supervision.hang (canary on, after_s 90 s) with only the canary's clock
+    scaled down (60 s -> 2 s, 30 s -> 1 s): a worker stopped while idle, and one stopped before the
+    first request after idle (the engine never schedules it: /metrics keeps showing 0 running),
+    become a hang verdict within one canary interval plus its timeout."""
+    interval, timeout = 2.0, 1.0
+    up = up_factory(
+        "",
+        extra={"supervision.hang": {"metrics_interval_s": 0.2, "canary_interval_s": interval, "canary_timeout_s": timeout}},
+        env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3000"},
+    )
+    t0 = _stop_worker_when_idle(up, send_request)
+    failed = up.wait_event("failed", 60)
+    assert "engine hang" in failed["msg"] and "canary" in failed["msg"], failed
+    took = failed["ts"] - t0
+    assert took <= interval + timeout + 5.0, took  # generous for a loaded CI VM; vLLM's own: 300 s
     assert up.stop() == 0
 
 
