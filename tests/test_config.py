@@ -568,3 +568,13 @@ def test_nested_reference_in_a_default_is_an_error_not_a_literal(tmp_path: Path)
     assert r.returncode == 2
     assert r.stderr.strip().startswith(f"{cfg}:2: engine.model: nested variable reference in the default of")
     assert r.stdout == ""
+
+
+def test_default_config_sends_the_idle_canary() -> None:
+    """An idle hang is invisible to the counters: the default config must send the canary, and
+    within after_s + canary_interval_s."""
+    from xpu_serve.config import HangConfig
+
+    h = HangConfig()
+    assert h.canary is True
+    assert h.canary_interval_s + h.canary_timeout_s <= h.after_s + h.canary_interval_s
