@@ -592,3 +592,13 @@ def test_engine_host_accepts_names_and_addresses(tmp_path: Path, host: str) -> N
     p = tmp_path / "c.yaml"
     p.write_text(f'engine:\n  model: m\n  host: "{host}"\n')
     assert load_config(p).engine.host == host
+
+
+def test_default_config_sends_the_idle_canary() -> None:
+    """An idle hang is invisible to the counters: the default config must send the canary, and
+    within after_s + canary_interval_s."""
+    from xpu_serve.config import HangConfig
+
+    h = HangConfig()
+    assert h.canary is True
+    assert h.canary_interval_s + h.canary_timeout_s <= h.after_s + h.canary_interval_s

@@ -314,6 +314,8 @@ def test_idle_hang_caught_by_canary(engine: FakeEngine) -> None:
     assert ctx.failures and ctx.failures[0].kind == "hang"
     ev = ctx.failures[0].event
     assert ev is not None and ev.extra["detected_by"] == "xpu-serve canary request"
+    # the counts are what /metrics showed (idle), not the canary counted as user work
+    assert "with 0 running, 0 waiting requests" in ev.text, ev.text
     assert took < 0.3 + 0.5 + 1.0
 
 

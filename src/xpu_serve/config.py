@@ -335,7 +335,9 @@ class HangConfig(_Strict):
         90.0, description="no progress with work in flight for this long -> hang, seconds"
     )
     metrics_interval_s: Seconds = Field(5.0, description="`/metrics` poll period, seconds")
-    canary: Bool = Field(False, description="send a tiny completion request when idle")
+    canary: Bool = Field(
+        True, description="send a 1-token completion when idle (catches a hang with no request in flight)"
+    )
     canary_interval_s: Seconds = Field(60.0, description="canary period, seconds")
     canary_timeout_s: Seconds = Field(30.0, description="canary deadline, seconds")
 

@@ -494,10 +494,12 @@ class HangWatcher(_LineFed):
                         canary_task = None
                         last_canary = time.monotonic()
                         if res.hung and verdict is None:
+                            # the counts /metrics showed: the canary itself is not user work in flight
+                            last = metrics.last
                             verdict = prog.HangVerdict(
                                 res.duration_s,
-                                1,
-                                0,
+                                int(last.running or 0) if last is not None else 0,
+                                int(last.waiting or 0) if last is not None else 0,
                                 (metrics.last_progress_wall or time.time() - res.duration_s),
                                 "canary",
                             )
