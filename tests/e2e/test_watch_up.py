@@ -190,3 +190,27 @@ def test_kmsg_written_record_reaches_watcher_live(tmp_path: Path, up_factory: An
     assert incident["cause"] == "umd-segfault" and incident["library"] == "libze_intel_gpu.so.1.14.37020"
     assert incident["root"]["source"] == "kernel" and incident["root"]["rank"] == 2
     assert up.stop() == 0
+
+
+def test_default_canary_on_a_healthy_server_is_no_hang(up_factory: Any) -> None:
+    """Several canary intervals idle, then a streaming request: the canaries are answered (the
+    engine's own log shows their completions) and no incident is recorded."""
+    up = up_factory(
+        "",
+        extra={"supervision.hang": {"metrics_interval_s": 0.2, "canary_interval_s": 1.0, "canary_timeout_s": 2.0}},
+    )
+    up.wait_event("ready", 60)
+    time.sleep(6)
+    with httpx.stream(
+        "POST",
+        f"http://127.0.0.1:{up.port}/v1/completions",
+        json={"model": "tiny", "prompt": "hi", "max_tokens": 20, "stream": True},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200 and sum(1 for ln in r.iter_lines() if ln.startswith("data: {")) >= 1
+    time.sleep(2)
+    names = [e.get("event") for e in up.events()]
+    assert "failed" not in names and "incident" not in names, names
+    log = (up.runtime / "logs" / "1" / "vllm.log").read_text()
+    assert log.count("POST /v1/completions") >= 4, log[-2000:]  # the canaries (and the request) were answered
+    assert up.stop() == 0
