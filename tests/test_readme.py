@@ -63,6 +63,6 @@ def test_setup_has_the_two_commands() -> None:
     commands = [line.strip() for line in setup.splitlines() if line.startswith("    ")]
     assert commands == [
         "python3 -m venv .venv && .venv/bin/pip install -e . && "
-        ".venv/bin/xpu-serve up -c configs/demo.yaml",
+        ".venv/bin/xpu-serve up -c configs/demo.yaml --no-echo",
         "bash scripts/test.sh",
     ]

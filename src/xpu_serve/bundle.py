@@ -4,6 +4,7 @@ Layout (docs/bundles.md has the full description):
 
     RUNTIME/bundles/<YYYYMMDDTHHMMSSZ>-i<incarnation>-<cause>/     0700, files 0600
         summary.md      the people's report, trigger and what the bundle holds
+        report.txt      the people's report alone; its FILE:LINE are paths in the bundle
         incident.json   the verdict contract (cause, summary, root, ...) + "supervisor": facts
         bundle.json     manifest: complete, errors, collector outcomes, files (written last)
         logs/           RUNTIME/logs/<incarnation>/* (whole, or head+tail past log_cap_bytes)
@@ -414,6 +415,7 @@ def _write(
         "incident.json", json.dumps(doc, indent=2, default=_json_default) + "\n", run.abandon))
     summary_head = _summary(path.name, incident, trigger, facts, report_text)
     _try(run, "summary.md", lambda: writer.write_text("summary.md", summary_head, run.abandon))
+    _try(run, "report.txt", lambda: writer.write_text("report.txt", report_text, run.abandon))
 
     # 2. the collectors, in parallel, each under collector_timeout_s
     lookback = 60.0

@@ -209,7 +209,7 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
         restarts=_int(m.get("restarts")),
         processes=_not_foreign(procs, _str(m.get("run_id"))),
     )
-    res = write_incident_bundle(ctx, trig, contract, _report_text(None, contract), stacks={})
+    res = write_incident_bundle(ctx, trig, contract, _report_text(None, contract, ctx), stacks={})
     if res.path is not None:
         clear_pending(log_dir)
     return (str(res.path) if res.path else None), contract

@@ -7,11 +7,35 @@ what could not be settled. Plain text: it must read the same when piped or in a 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from xpu_serve.diagnosis import Incident
 
 WIDTH = 118
+
+PathMap = Callable[[str], str]
+"""How a report names an evidence file: the analysis' path (RUNTIME/logs/1/vllm.log) -> the path
+shown (logs/vllm.log, relative to a bundle). Identity when None."""
+
+
+def bundle_paths(log_dir: str | Path | None, kernel_file: str | Path | None = None) -> PathMap:
+    """The PathMap of a bundle (xpu_serve.bundle's layout): a file under the incarnation's
+    `log_dir` -> "logs/<its path under log_dir>" (the logs collector copies them whole there), the
+    kernel log file the watcher read -> "kernel.log"; any other path unchanged."""
+    base = Path(log_dir).resolve() if log_dir else None
+    kern = str(Path(kernel_file).resolve()) if kernel_file else None
+
+    def rel(path: str) -> str:
+        p = Path(path).resolve()
+        if kern is not None and str(p) == kern:
+            return "kernel.log"
+        if base is not None and p.is_relative_to(base):
+            return f"logs/{p.relative_to(base)}"
+        return path
+
+    return rel
 
 
 def _cut(s: str, n: int) -> str:
@@ -51,10 +75,10 @@ def format_ranks(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def _where(d: dict[str, Any]) -> str:
+def _where(d: dict[str, Any], files: PathMap | None = None) -> str:
     if d.get("file") is None:
         return "(live)"
-    return f"{d['file']}:{d['line']}"
+    return f"{files(d['file']) if files else d['file']}:{d['line']}"
 
 
 def _cut_keeping_where(line: str, n: int) -> str:
@@ -75,8 +99,9 @@ def _cut_keeping_where(line: str, n: int) -> str:
     return f"{_cut(head, room)}  [{where}]"
 
 
-def group_consequences(inc: Incident) -> list[str]:
-    """One line per consequence signature: "LABEL xN on ranks 1-3 (first at FILE:LINE)"."""
+def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]:
+    """One line per consequence signature: "LABEL xN on ranks 1-3  [FILE:LINE]" (the first line
+    of that kind; FILE through `files`)."""
     by_sig: dict[str, dict[str, Any]] = {}
     for g in inc.consequence_groups:
         sig = g["sig"]
@@ -97,13 +122,14 @@ def group_consequences(inc: Incident) -> list[str]:
         elif e["procs"]:
             who = " in " + ", ".join(sorted(e["procs"]))
         ev = e["first"]["first"]
-        where = f"{ev.file}:{ev.line}" if ev.file else "live"
+        where = f"{files(ev.file) if files else ev.file}:{ev.line}" if ev.file else "live"
         lines.append(f"{e['label']} x{e['count']}{who}  [{where}]")
     return lines
 
 
-def render_text(inc: Incident, width: int = WIDTH) -> str:
-    """The one-screen report for people (about 40 lines at most)."""
+def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None) -> str:
+    """The one-screen report for people (about 40 lines at most); evidence files named through
+    `files` (`bundle_paths` for a bundle's report.txt)."""
     out: list[str] = []
     summary = inc.summary.strip()  # one sentence without its period (the supervisor appends "; bundle")
     if not summary.endswith((".", "!", "?")):
@@ -123,14 +149,14 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
             if x
         )
         out.append(f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else ""))
-        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r)}: ", "    ", max_lines=3))
+        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
         if inc.meaning:
             out.extend(_wrap(inc.meaning, width, "  ", "  "))
         if inc.library:
             out.append(f"  library: {inc.library}")
         for e in inc.root_evidence[:4]:
             # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
-            where = f"{e['file']}:{e['line']}" if e.get("file") else "live"
+            where = _where(e, files).replace("(live)", "live")
             when = f"{e['time']} " if e.get("time") else ""
             out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
     elif inc.cause == "unknown":
@@ -163,7 +189,7 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
         miss = su.get("missing_ranks") or []
         extra = f"; ranks that did not reach {su.get('missing_phase')}: {format_ranks(miss)}" if miss else ""
         out.append(f"START-UP: last milestone reached: {su.get('last_milestone')}{extra}")
-    cons = group_consequences(inc)
+    cons = group_consequences(inc, files)
     if cons:
         out.append("")
         out.append("WHAT FOLLOWED (consequences, not causes):")
@@ -204,3 +230,27 @@ def render_text(inc: Incident, width: int = WIDTH) -> str:
         if len(inc.notes) > 6:
             out.append(f"  ... and {len(inc.notes) - 6} more (see --json)")
     return "\n".join(out) + "\n"
+
+
+COMPACT_CONSEQUENCES = 6
+
+
+def render_compact(inc: Incident, width: int = 100, files: PathMap | None = None) -> list[str]:
+    """The report `xpu-serve up` prints when it records an incident: the verdict, the root cause
+    with its FILE:LINE, up to COMPACT_CONSEQUENCES kinds of consequence and what to do next; at
+    most 18 lines of at most `width` characters (the timeline and the open questions are in the
+    bundle's report.txt)."""
+    out = _wrap(inc.summary.strip().rstrip(".") + ".", width, f"VERDICT: {inc.cause} — ", "  ", max_lines=3)
+    r = inc.root
+    if r:
+        out.append(_cut(f"ROOT CAUSE: {inc.root_label or inc.cause}", width))
+        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=2))
+    cons = group_consequences(inc, files)
+    if cons:
+        out.append("WHAT FOLLOWED (consequences, not causes):")
+        out.extend(f"  {_cut_keeping_where(c, width - 2)}" for c in cons[:COMPACT_CONSEQUENCES])
+        if len(cons) > COMPACT_CONSEQUENCES:
+            out.append(f"  ... and {len(cons) - COMPACT_CONSEQUENCES} more kinds")
+    advice = inc.advice or "Collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time."
+    out.extend(_wrap(advice, width, "NEXT: ", "      ", max_lines=3))
+    return out

@@ -1598,6 +1598,7 @@ class Supervisor:
             cause=cause,
             bundle=bundle_path,
         )
+        self._print_report(ctx, incident_obj, bundle_path)
         for ob in self.observers:
             try:
                 ob.on_incident(contract, bundle_path)
@@ -1640,6 +1641,21 @@ class Supervisor:
                 with contextlib.suppress(Exception):
                     ob.on_incident(contract, path)
 
+    def _print_report(self, ctx: Incarnation, incident: Any, bundle_path: str | None) -> None:
+        """The compact one-screen report (`report.render_compact`) as one "report" event, its
+        FILE:LINE references relative to the bundle."""
+        if incident is None:
+            return
+        try:
+            from xpu_serve.report import render_compact
+
+            lines = render_compact(incident, files=_bundle_files(ctx))
+        except Exception as ex:
+            self.log.emit("warning", f"report failed: {type(ex).__name__}: {ex}")
+            return
+        head = f"incarnation {ctx.incarnation}" + (f"; full report {bundle_path}/report.txt" if bundle_path else "")
+        self.log.emit("report", "\n".join([head, *("  " + ln for ln in lines)]), lines=lines)
+
     async def _write_bundle(
         self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
     ) -> str | None:
@@ -1648,7 +1664,7 @@ class Supervisor:
             from xpu_serve.bundle import write_incident_bundle
         except ImportError:
             return await asyncio.to_thread(_minimal_bundle, ctx, contract)
-        report_text = _report_text(incident, contract)
+        report_text = _report_text(incident, contract, ctx)
         # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
         stacks = trig.event.extra.get("stacks") if trig.event is not None else None
         if not isinstance(stacks, dict):
@@ -1883,21 +1899,24 @@ def _fallback_cause(trig: Trigger) -> str:
     }.get(trig.kind, "unknown")
 
 
-def _report_text(incident: Any, contract: dict[str, Any]) -> str:
-    """The people's report (`report.render_text(incident)`, what `diagnose` prints), or a short fallback."""
-    import importlib
+def _bundle_files(ctx: Any) -> Any:
+    """`report.bundle_paths` of this incarnation: its log folder and the kernel log file it follows."""
+    from xpu_serve.report import bundle_paths
 
+    kcfg = ctx.config.watchers.kernel
+    return bundle_paths(ctx.log_dir, kcfg.path if kcfg.source == "file" else None)
+
+
+def _report_text(incident: Any, contract: dict[str, Any], ctx: Any) -> str:
+    """The people's report (`report.render_text(incident)`, what `diagnose` prints) with FILE:LINE
+    relative to the bundle (logs/vllm.log:123), or a short fallback."""
     if incident is not None:
-        for name in ("xpu_serve.report", "xpu_serve.diagnosis.report", "xpu_serve.diagnosis"):
-            try:
-                fn = getattr(importlib.import_module(name), "render_text", None)
-            except ImportError:
-                continue
-            if callable(fn):
-                try:
-                    return str(fn(incident))
-                except Exception:
-                    break
+        try:
+            from xpu_serve.report import render_text
+
+            return render_text(incident, files=_bundle_files(ctx))
+        except Exception:
+            pass
     return f"cause: {contract.get('cause')}\n{contract.get('summary') or ''}\n"
 
 
