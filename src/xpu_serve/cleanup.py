@@ -8,6 +8,11 @@ tree was alive; psutil is used for port owners.
 Order (`stop_tree`): SIGTERM, then SIGCONT (a SIGSTOPped member could not act on SIGTERM before
 `grace_s` ran out; systemd does the same), to the process group and to every other member found
 -> wait up to `grace_s` -> SIGKILL to the group and to every survivor -> verify none is left.
+After a hang verdict (`hang=True`, the evidence already captured) the wait is short: a member
+still stopped (state T/t) after SIGCONT gets SIGKILL at once, one in the kernel (state D) after
+`D_KILL_S`, and every other survivor after `min(grace_s, hang_grace_s)`: a TP rank blocked in a
+collective never reaches its SIGTERM handler's clean-up, so the full grace would be spent for
+nothing. Without `hang` (a crash, a planned restart, an operator stop) the full `grace_s` holds.
 Nothing is signalled unless proven ours (`is_proven`: the run marker below, or the start time
 recorded for that pid); the process group only while its leader is proven, since a group id
 whose leader is gone may be reused by another program (issue 4 item 1). Members:
@@ -265,6 +270,54 @@ class StopReport:
     killed: list[int] = field(default_factory=list)
     left: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    # pid -> why it got SIGKILL before grace_s ran out (hang mode): see `EARLY_REASONS`
+    early: dict[int, str] = field(default_factory=dict)
+
+    def early_text(self) -> str:
+        """E.g. "2 SIGKILL early: hung (state T), in a collective"; "" when none."""
+        if not self.early:
+            return ""
+        why = ", ".join(dict.fromkeys(self.early.values()))
+        return f"{len(self.early)} SIGKILL early: {why}"
+
+
+# a member in uninterruptible sleep this long (s) after SIGTERM in hang mode gets SIGKILL
+D_KILL_S = 1.0
+EARLY_REASONS = ("hung (state T)", "in the kernel (state D)", "in a collective")
+
+
+def proc_state(pid: int) -> str | None:
+    """One-letter state of `pid` (/proc/PID/stat field 3, proc(5): R, S, D, T, t, Z...), or None
+    when gone or unreadable. The command name (field 2) may hold spaces and ')', so the state is
+    read after the last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2 :]
+    return rest[:1].decode("ascii", "replace") or None
+
+
+def _early_kills(
+    members: set[int], waited_s: float, hang_grace_s: float, d_since: dict[int, float], now: float
+) -> dict[int, str]:
+    """Members (hang mode) that get SIGKILL now, with the reason (`EARLY_REASONS`).
+
+    `waited_s`: seconds since SIGTERM+SIGCONT; `d_since`: pid -> monotonic time first seen in D
+    (updated in place); `now`: monotonic time. T/t after SIGCONT: nothing will continue it."""
+    out: dict[int, str] = {}
+    for pid in members:
+        st = proc_state(pid)
+        if st != "D":
+            d_since.pop(pid, None)
+        if st in ("T", "t"):
+            out[pid] = EARLY_REASONS[0]
+        elif st == "D" and now - d_since.setdefault(pid, now) >= D_KILL_S:
+            out[pid] = EARLY_REASONS[1]
+        elif waited_s >= hang_grace_s:
+            out[pid] = EARLY_REASONS[2]
+    return out
 
 
 async def stop_tree(
@@ -277,6 +330,8 @@ async def stop_tree(
     poll_s: float = 0.05,
     kill_wait_s: float = 5.0,
     starts: Mapping[int, Any] | None = None,
+    hang: bool = False,
+    hang_grace_s: float = 2.0,
 ) -> StopReport:
     """Stop every proven member of the tree (see module doc); returns a StopReport, never raises.
 
@@ -286,7 +341,9 @@ async def stop_tree(
     is proven (a group id whose leader exited may be reused by another program); a member found
     once is signalled again only while it has the start time it had then. SIGTERM is followed by
     SIGCONT so that a stopped (SIGSTOP) member acts on it at once instead of costing `grace_s`.
-    With `kill_now` SIGKILL is sent at once (operator's second SIGINT).
+    With `kill_now` SIGKILL is sent at once (operator's second SIGINT). With `hang` (a hang
+    verdict whose evidence is captured) members that cannot exit get SIGKILL early (module doc;
+    `StopReport.early`), every survivor after `min(grace_s, hang_grace_s)` s.
     """
     t0 = time.monotonic()
     rep = StopReport()
@@ -306,9 +363,19 @@ async def stop_tree(
         signal_tree(pgid, run_id, incarnation, signal.SIGTERM, members, starts)
         rep.terminated = sorted(members)
         deadline = t0 + grace_s
+        d_since: dict[int, float] = {}
         while members and time.monotonic() < deadline:
             await asyncio.sleep(poll_s)
             members = refresh()
+            if hang:
+                now = time.monotonic()
+                early = _early_kills(
+                    members - set(rep.early), now - t0, min(grace_s, hang_grace_s), d_since, now
+                )
+                for p in early:
+                    _signal(p, signal.SIGKILL)
+                    rep.killed.append(p)
+                rep.early.update(early)
             # a process that appeared during the stop (a late spawn) gets SIGTERM too
             for p in members - set(rep.terminated):
                 _signal(p, signal.SIGTERM)

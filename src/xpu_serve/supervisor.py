@@ -1692,6 +1692,8 @@ class Supervisor:
             grace_s=sv.stop.grace_s,
             kill_now=self._kill_now,
             starts=_starts(ctx),
+            # a hang verdict's evidence is captured: what cannot exit gets SIGKILL early
+            hang=ctx.trigger is not None and _fallback_cause(ctx.trigger) == "engine-hang",
         )
         ctx.stop = rep
         if self._popen is not None:
@@ -1721,7 +1723,9 @@ class Supervisor:
         self.log.emit(
             "cleaned",
             f"incarnation {ctx.incarnation}: stopped in {rep.seconds:.2f} s ({len(rep.terminated)} SIGTERM, "
-            f"{len(rep.killed)} SIGKILL, {len(rep.left)} left); removed {len(seg.removed)} segment(s)"
+            f"{len(rep.killed)} SIGKILL, {len(rep.left)} left"
+            + (f"; {rep.early_text()}" if rep.early else "")
+            + f"); removed {len(seg.removed)} segment(s)"
             + ("" if port_ok else f"; port {e.port} still taken"),
             killed=rep.killed,
             left=rep.left,
