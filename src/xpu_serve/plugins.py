@@ -34,10 +34,11 @@ def watchers_for(config: Any) -> list[Watcher]:
     return watchers
 
 
-def observers_for(config: Any) -> list[Observer]:
+def observers_for(config: Any, watchers: list[Watcher] | None = None) -> list[Observer]:
     """Observers of state changes and incidents (systemd notify, metrics, webhook).
 
-    The metrics endpoint is started here; if its address cannot be bound, one warning goes to
+    `watchers` (from `watchers_for`) lets the metrics endpoint read the hang watchdog (/readyz)
+    and the start-up phase. The metrics endpoint is started here; if its address cannot be bound, one warning goes to
     stderr and supervision goes on without it (metrics are a feature, not a reason to stop).
     """
     import sys
@@ -52,11 +53,16 @@ def observers_for(config: Any) -> list[Observer]:
         observers.append(notifier)
     if config.metrics.enabled:
         metrics = SupervisorMetrics()
+        metrics.attach(list(watchers or []))
         try:
             metrics.start(config.metrics.listen)
             observers.append(metrics)
         except (OSError, ValueError) as e:
             print(f"xpu-serve: warning: metrics endpoint {config.metrics.listen} disabled: {e}", file=sys.stderr)
     if config.webhook.url:
-        observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
+        hook = Webhook(config.webhook.url, config.webhook.timeout_s)
+        m = next((o for o in observers if isinstance(o, SupervisorMetrics)), None)
+        if m is not None:
+            hook.on_failure = m.webhook_failures.inc
+        observers.append(hook)
     return observers

@@ -505,7 +505,9 @@ class Supervisor:
 
             try:
                 self.watchers = plugins.watchers_for(self.config) if watchers is None else watchers
-                self.observers = plugins.observers_for(self.config) if observers is None else observers
+                self.observers = (
+                    plugins.observers_for(self.config, self.watchers) if observers is None else observers
+                )
             except Exception as ex:  # a broken plugin must not stop supervision
                 self.log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
         self._line_hooks = [
