@@ -257,7 +257,8 @@ def test_metrics_endpoint_over_http_through_a_crash_and_restart() -> None:
     assert samples["xpu_serve_restarts_total"] == 1.0
     assert samples['xpu_serve_incidents_total{cause="umd-segfault"}'] == 1.0
     assert samples["xpu_serve_last_incident_timestamp_seconds"] == 1042.0
-    assert samples["xpu_serve_uptime_seconds"] == 7.0
+    assert samples["xpu_serve_ready_timestamp_seconds"] == 1047.0  # when incarnation 2 became ready
+    assert "xpu_serve_uptime_seconds" not in samples
     assert samples["xpu_serve_time_to_ready_seconds_count"] == 2.0
     assert samples["xpu_serve_time_to_ready_seconds_sum"] == 17.0
     assert samples['xpu_serve_kernel_events_total{device="0000:47:00.0",kind="xe-engine-reset"}'] == 1.0

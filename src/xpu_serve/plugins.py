@@ -35,12 +35,14 @@ def watchers_for(config: Any) -> list[Watcher]:
     return watchers
 
 
-def observers_for(config: Any, warn: Any = None) -> list[Observer]:
+def observers_for(config: Any, watchers: list[Watcher] | None = None, warn: Any = None) -> list[Observer]:
     """Observers of state changes and incidents (systemd notify, metrics, webhook).
 
-    The metrics endpoint is started here; if its address cannot be bound, one warning goes to
-    `warn(message)` (the supervisor's event log: stderr and events.jsonl; without it, stderr)
-    and supervision goes on without it (metrics are a feature, not a reason to stop).
+    `watchers` (from `watchers_for`) lets the metrics endpoint read the hang watchdog (/readyz)
+    and the start-up phase. The metrics endpoint is started here; if its address cannot be bound,
+    one warning goes to `warn(message)` (the supervisor's event log: stderr and events.jsonl;
+    without it, stderr) and supervision goes on without it (metrics are a feature, not a reason
+    to stop).
     """
 
     from xpu_serve.integrations.metrics import SupervisorMetrics
@@ -53,6 +55,7 @@ def observers_for(config: Any, warn: Any = None) -> list[Observer]:
         observers.append(notifier)
     if config.metrics.enabled:
         metrics = SupervisorMetrics()
+        metrics.attach(list(watchers or []))
         try:
             metrics.start(config.metrics.listen)
             observers.append(metrics)
@@ -63,5 +66,9 @@ def observers_for(config: Any, warn: Any = None) -> list[Observer]:
             else:
                 output.writer(2).write(f"xpu-serve: warning: {msg}\n")
     if config.webhook.url:
-        observers.append(Webhook(config.webhook.url, config.webhook.timeout_s))
+        hook = Webhook(config.webhook.url, config.webhook.timeout_s)
+        m = next((o for o in observers if isinstance(o, SupervisorMetrics)), None)
+        if m is not None:
+            hook.on_failure = m.webhook_failures.inc
+        observers.append(hook)
     return observers

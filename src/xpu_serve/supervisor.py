@@ -640,7 +640,7 @@ class Supervisor:
             try:
                 self.watchers = plugins.watchers_for(self.config) if watchers is None else watchers
                 self.observers = (
-                    plugins.observers_for(self.config, warn=lambda m: self.log.emit("warning", m))
+                    plugins.observers_for(self.config, self.watchers, warn=lambda m: self.log.emit("warning", m))
                     if observers is None
                     else observers
                 )

@@ -438,6 +438,34 @@ class HangWatcher(_LineFed):
         self.stats = prog.StatsLineProgress(self.cfg.after_s)
         self.last_verdict: prog.HangVerdict | None = None
         self._stats_lock = threading.Lock()  # on_line runs on the log pump's writer thread
+        # the current incarnation's /metrics progress while watching (read by `suspected`)
+        self._metrics: prog.MetricsProgress | None = None
+        self._metrics_ok_at: float | None = None
+
+    def suspect_after_s(self) -> float:
+        """No progress with work in flight for this long (seconds) makes a hang suspected:
+        two scrape intervals (one slow step is not a hang), at least a third of `after_s`."""
+        return max(2 * self.cfg.metrics_interval_s, self.cfg.after_s / 3)
+
+    def suspected(self) -> str | None:
+        """Why a hang is suspected before the verdict (one line), or None. Thread-safe: read by
+        the readiness probe's HTTP thread. Progress comes from /metrics while it answers (within
+        three intervals), else from the stats lines."""
+        metrics, ok_at = self._metrics, self._metrics_ok_at
+        if metrics is None:
+            return None
+        now = time.monotonic()
+        if ok_at is not None and now - ok_at <= 3 * self.cfg.metrics_interval_s:
+            stalled = metrics.stalled_s(now)
+        else:
+            with self._stats_lock:
+                stalled = self.stats.stalled_s(now)
+        if stalled is None or stalled < self.suspect_after_s():
+            return None
+        return (
+            f"hang suspected: no token progress for {stalled:.1f} s with requests in flight "
+            f"(verdict at {self.cfg.after_s:g} s)"
+        )
 
     def _line(self, line: str) -> None:
         # the periodic stats line is the fallback progress signal
@@ -469,6 +497,7 @@ class HangWatcher(_LineFed):
         metrics_ok_at: float | None = None
         last_canary = time.monotonic()
         canary_task: asyncio.Task[prog.CanaryResult] | None = None
+        self._metrics, self._metrics_ok_at = metrics, None
         async with httpx.AsyncClient() as client:
             try:
                 while True:
@@ -479,7 +508,7 @@ class HangWatcher(_LineFed):
                     now = time.monotonic()
                     verdict: prog.HangVerdict | None = None
                     if sample is not None:
-                        metrics_ok_at = now
+                        metrics_ok_at = self._metrics_ok_at = now
                         verdict = metrics.observe(now, sample, time.time())
                     elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
                         with self._stats_lock:
@@ -526,6 +555,7 @@ class HangWatcher(_LineFed):
                         return
                     await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
             finally:
+                self._metrics = None
                 if canary_task is not None:
                     canary_task.cancel()
                     with contextlib.suppress(BaseException):
@@ -585,6 +615,16 @@ class StartupWatcher(_LineFed):
             stall_s=self.config.supervision.startup.stall_s,
             started=time.monotonic(),
         )
+
+    def phase(self) -> str | None:
+        """The start-up phase in progress (`sources.startup.PHASES`; "ready" once ready), None
+        outside a start-up. Thread-safe (read by the metrics endpoint's HTTP thread); meaningful
+        only while the supervisor's state is `starting`."""
+        with self._lock:
+            t = self.tracker
+            if t is None:
+                return None
+            return "ready" if t.is_ready else t.current_phase()[0]
 
     def _line(self, line: str) -> None:
         with self._lock:

@@ -8,6 +8,11 @@ runtime directory's disk is full), says the state may be stale (`state_stale: tr
 Exit 0 while a supervisor runs, 1 when none runs (state shown if any), 2 on bad arguments or a
 state file that is unreadable or malformed (not UTF-8, not JSON, not an object, or a field of the
 wrong type, e.g. `"processes": "x"`): one line `PATH: ...` on stderr, never a traceback.
+
+`--check` is a probe (docker HEALTHCHECK, exec probes, scripts) with its own exit codes, not
+the README's table: 0 the supervisor runs and its state is `ready`, 1 it runs and is not ready
+(starting, backoff, capturing, ... or a stale state file), 2 no supervisor runs (or its state
+cannot be read). One line on stdout: `ready`, `not ready: STATE[: REASON]` or `no supervisor: ...`.
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--runtime-dir DIR, -c FILE, --json."""
     add_runtime_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print state.json plus supervisor_alive")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="probe mode, its own exit codes: 0 ready, 1 running but not ready, 2 no supervisor "
+        "(or unreadable state); one line on stdout",
+    )
 
 
 # state.json is considered stale when older than this many heartbeats (plus 1 s) while its
@@ -161,9 +172,11 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     except (ValueError, OSError) as e:
         print(str(e), file=sys.stderr)
-        return exitcodes.USAGE
+        return CHECK_NO_SUPERVISOR if getattr(args, "check", False) else exitcodes.USAGE
     holder = lock_holder(runtime_dir)
     alive = holder is not None  # the lock is authoritative: a pid alone may have been reused
+    if getattr(args, "check", False):
+        return _check(runtime_dir, st, alive)
     if st is None:
         if args.json:
             print(json.dumps({"supervisor_alive": alive, "runtime_dir": str(runtime_dir), "state": None}))
@@ -194,6 +207,32 @@ def run(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
     return exitcodes.OK if alive else exitcodes.FAILURE
+
+
+# `status --check` exit codes (a probe's contract, not the README's table)
+CHECK_READY, CHECK_NOT_READY, CHECK_NO_SUPERVISOR = 0, 1, 2
+
+
+def _check(runtime_dir: Path, st: dict[str, Any] | None, alive: bool) -> int:
+    """`--check`: one line on stdout; CHECK_READY, CHECK_NOT_READY or CHECK_NO_SUPERVISOR."""
+    if not alive:
+        last = f" (last state {st.get('state')})" if isinstance(st, dict) and st.get("state") else ""
+        print(f"no supervisor: none holds the lock of {runtime_dir}{last}")
+        return CHECK_NO_SUPERVISOR
+    if st is None or malformed(st):
+        print(f"not ready: no readable state in {runtime_dir} yet")
+        return CHECK_NOT_READY
+    stale, age = staleness(st, alive)
+    state = str(st.get("state"))
+    if stale:
+        print(f"not ready: state.json is stale ({age:.0f} s old)")
+        return CHECK_NOT_READY
+    if state == "ready":
+        print("ready")
+        return CHECK_READY
+    reason = f": {' '.join(str(st['reason']).split())}" if st.get("reason") else ""
+    print(f"not ready: {state}{reason}"[:200])
+    return CHECK_NOT_READY
 
 
 def _same_process_alive(pid: int, started_at: Any) -> bool:

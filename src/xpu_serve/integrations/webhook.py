@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -36,6 +37,7 @@ class Webhook:
         self.sent = 0
         self.failed = 0
         self.last_error: str | None = None
+        self.on_failure: Callable[[], Any] | None = None  # called (on the post's thread) per failed post
         self._threads: list[threading.Thread] = []
 
     def on_state(self, status: Status) -> None:
@@ -61,6 +63,8 @@ class Webhook:
         except Exception as e:  # any failure of a best-effort notification is only counted
             self.failed += 1
             self.last_error = f"{type(e).__name__}: {e}"
+            if self.on_failure is not None:
+                self.on_failure()
 
     def join(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for posts in flight (used at shutdown and in tests)."""

@@ -179,6 +179,13 @@ class MetricsProgress:
         """True when the last sample showed nothing running or waiting."""
         return self.last is not None and (self.last.in_flight or 0) == 0
 
+    def stalled_s(self, now: float) -> float | None:
+        """Seconds (clock of `observe`'s `now`) without token growth while the last sample had
+        requests in flight; None when idle or before any sample."""
+        if self.last is None or self.last_progress is None or (self.last.in_flight or 0) == 0:
+            return None
+        return max(0.0, now - self.last_progress)
+
 
 class StatsLineProgress:
     """Hang logic over the periodic stats lines (the fallback when /metrics is unavailable).
@@ -220,6 +227,12 @@ class StatsLineProgress:
     @property
     def idle(self) -> bool:
         return self.last is not None and self.last.running + self.last.waiting == 0
+
+    def stalled_s(self, now: float) -> float | None:
+        """Seconds without progress while the last stats line showed requests in flight, else None."""
+        if self.last is None or self.last_progress is None or self.idle:
+            return None
+        return max(0.0, now - self.last_progress)
 
 
 async def scrape_metrics(client: httpx.AsyncClient, url: str, timeout_s: float) -> MetricsSample | None:
