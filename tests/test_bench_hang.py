@@ -17,6 +17,7 @@ def _bench() -> object:
     spec = importlib.util.spec_from_file_location("bench_hang", BENCH / "bench_hang.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_hang"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
