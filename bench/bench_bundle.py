@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from xpu_serve.bundle import write_incident_bundle
 from xpu_serve.config import Config
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
 
 
 def make_log(mib: int) -> bytes:
@@ -107,4 +111,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_loadavg(main))

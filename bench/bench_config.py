@@ -11,6 +11,7 @@ the first problem line (or "ok").
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -22,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from xpu_serve.config import MAX_FILE_BYTES, ConfigError, load_config  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
 
 
 def cases() -> dict[str, str]:
@@ -79,4 +83,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_loadavg(main))

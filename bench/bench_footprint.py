@@ -22,6 +22,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import with_loadavg  # noqa: E402
 from supervise_common import Supervised, sim_config, tmpdir  # noqa: E402
 
 
@@ -85,4 +86,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(with_loadavg(main))

@@ -4,7 +4,8 @@ same simulated fault in the same run.
 Each run starts the simulator (`python -m xpu_serve.sim serve`, TP=4) with
 `worker-hang rank=1`, time scale S (default 0.01), streams one completion, and runs the
 HangWatcher (defaults: hang after_s=90, metrics_interval_s=5, both x S) against it without
-killing anything. From the last token the client received, it measures:
+killing anything. From the last token the client received (an SSE `data:` chunk with
+non-empty generated text; `[DONE]`, blank lines and the error object do not count), it measures:
   - ours: the watchdog's verdict (Trigger.at, before the stack dumps);
   - vLLM's: the `RPC call to execute_model timed out` line (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
     default 300 s x S) as read from the simulator's output.
@@ -16,6 +17,7 @@ Times are printed in real (scaled) seconds and unscaled (/ S) seconds; the ratio
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -33,6 +35,9 @@ from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.watchers import HangWatcher
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
 
 
 @dataclass
@@ -57,6 +62,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def is_token_chunk(line: str) -> bool:
+    """True for one SSE `data:` line of an OpenAI-style stream that carries generated text
+    (completions: choices[0].text, chat: choices[0].delta.content, non-empty). False for blank
+    separator lines, `data: [DONE]`, an error object (`{"error": ...}`, what vLLM sends when the
+    engine dies mid-stream), chat's role-only first chunk, and anything that is not JSON."""
+    if not line.startswith("data:"):
+        return False
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return False
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    first = choices[0]
+    delta = first.get("delta")
+    text = first.get("text") if "text" in first else (delta.get("content") if isinstance(delta, dict) else None)
+    return isinstance(text, str) and text != ""
+
+
+def check_plausible(ours: float, theirs: float, scale: float) -> None:
+    """Raise RuntimeError unless both delays are positive and near what the settings imply: the
+    watchdog at least after_s (90 s x scale) and less than vLLM's; vLLM's within 0.5x-3x its
+    300 s x scale timeout (the hang starts on the token after the last one received)."""
+    after, timeout = 90 * scale, 300 * scale
+    if not (0 < ours and 0 < theirs):
+        raise RuntimeError(f"non-positive delay: watchdog {ours:.3f} s, vLLM {theirs:.3f} s")
+    if not (0.9 * after <= ours < theirs):
+        raise RuntimeError(f"implausible watchdog delay {ours:.3f} s (after_s {after:g} s, vLLM {theirs:.3f} s)")
+    if not (0.5 * timeout <= theirs <= 3 * timeout):
+        raise RuntimeError(f"implausible vLLM delay {theirs:.3f} s (its timeout is {timeout:g} s)")
 
 
 def one_run(scale: float) -> tuple[float, float]:
@@ -107,8 +148,9 @@ def one_run(scale: float) -> tuple[float, float]:
                 with httpx.stream(
                     "POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120
                 ) as r:
-                    for _ in r.iter_lines():
-                        chunks.append(time.time())
+                    for line in r.iter_lines():
+                        if is_token_chunk(line):
+                            chunks.append(time.time())
             except httpx.HTTPError:
                 pass
 
@@ -139,7 +181,9 @@ def one_run(scale: float) -> tuple[float, float]:
                 f"incomplete run: ours={bool(ctx.failures)} vllm={'vllm' in seen} chunks={len(chunks)}"
             )
         last = chunks[-1]
-        return ctx.failures[0].at - last, seen["vllm"] - last
+        ours, theirs = ctx.failures[0].at - last, seen["vllm"] - last
+        check_plausible(ours, theirs, scale)
+        return ours, theirs
     finally:
         try:
             os.killpg(sim.pid, signal.SIGKILL)  # the simulator's own session, started above
@@ -151,7 +195,11 @@ def one_run(scale: float) -> tuple[float, float]:
 def main() -> int:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     scale = float(sys.argv[2]) if len(sys.argv) > 2 else 0.01
-    results = [one_run(scale) for _ in range(runs)]
+    try:
+        results = [one_run(scale) for _ in range(runs)]
+    except RuntimeError as e:
+        print(f"bench_hang: {e}", file=sys.stderr)
+        return 1
     ours = statistics.median(r[0] for r in results)
     theirs = statistics.median(r[1] for r in results)
     print(
@@ -166,4 +214,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(with_loadavg(main))

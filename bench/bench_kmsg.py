@@ -22,6 +22,9 @@ from pathlib import Path
 
 from xpu_serve.sources import kernel as k
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -107,4 +110,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(with_loadavg(main))

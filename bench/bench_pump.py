@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import with_loadavg  # noqa: E402
 
 from xpu_serve.sources.vllm_output import LogPump  # noqa: E402
 
@@ -207,4 +210,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(with_loadavg(main))

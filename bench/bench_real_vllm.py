@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.realvllm import harness as h  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
+
 # configs/cpu-tiny.yaml, by hand: the baseline must not depend on xpu-serve's own rendering.
 ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -275,4 +278,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_loadavg(main))

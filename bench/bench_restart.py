@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import with_loadavg  # noqa: E402
 from supervise_common import Supervised, pct, sim_config, tmpdir  # noqa: E402
 
 
@@ -62,4 +63,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(with_loadavg(main))

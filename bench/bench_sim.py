@@ -12,6 +12,7 @@ start-up costs (the tree is 1 + 1 + 1 + TP Python processes).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import statistics
 import subprocess
@@ -20,6 +21,9 @@ import tempfile
 import time
 
 from xpu_serve.sim.harness import SimRun
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import with_loadavg  # noqa: E402
 
 
 def main() -> int:
@@ -55,4 +59,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_loadavg(main))

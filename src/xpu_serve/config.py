@@ -128,10 +128,10 @@ def env_presets() -> dict[str, dict[str, Any]]:
         preset name -> {"description": str, "vars": {NAME: {"value": str, "what": str,
         "source": str}}}, in file order.
     """
-    import yaml
+    from xpu_serve.yamldata import load_data
 
     text = resources.files("xpu_serve").joinpath("data/env_presets.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    data = load_data(text) or {}
     return {str(k): v for k, v in data.items()}
 
 

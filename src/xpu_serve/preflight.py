@@ -79,10 +79,10 @@ class Finding:
 @lru_cache(maxsize=1)
 def known_bad_drivers() -> list[dict[str, Any]]:
     """Entries of `data/known_bad_drivers.yaml`: [{"file", "symptom", "evidence", "advice"}]."""
-    import yaml
+    from xpu_serve.yamldata import load_data
 
     text = resources.files("xpu_serve").joinpath("data/known_bad_drivers.yaml").read_text(encoding="utf-8")
-    return list(yaml.safe_load(text) or [])
+    return list(load_data(text) or [])
 
 
 def _size(n: float) -> str:
