@@ -1334,9 +1334,23 @@ class Analyzer:
             cands = keep1
         deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
         first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
+        live = [e for e in deaths if e.source == "process"]
+        first_live = min(live, key=cmp_to_key(_cmp_time)) if live else None
         kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
         keep: list[Event] = []
         for ev in cands:
+            if (
+                first_live is not None
+                and ev.source == "process"
+                and ev.cause == "process-crash"
+                and self._before(first_live, ev)
+                and not self._same_proc(first_live, ev)
+            ):
+                # the supervisor's own exit times (pidfd, microseconds) order the deaths of one
+                # tree: a later death of another process (a rank's SIGABRT in oneCCL finalize after
+                # a worker's exit 1) follows the first, whatever its weight
+                demoted.append(ev)
+                continue
             if first_death is not None and ev.cause in (
                 "collective-failure",
                 "process-exception",
