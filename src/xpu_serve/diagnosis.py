@@ -1739,6 +1739,13 @@ class Analyzer:
         out.sort(key=cmp_to_key(_cmp_time))
         return out
 
+    def _first_live_death(self) -> Event | None:
+        """The earliest death by a crash signal the supervisor itself saw (pidfd exit time), or
+        None (offline input, or only exit codes)."""
+        live = [e for e in self.roots.get("process-killed-by-signal", []) if e.source == "process"]
+        live = [e for e in live if self._abnormal_death(e)]
+        return min(live, key=cmp_to_key(_cmp_time)) if live else None
+
     def _died_rank(self) -> tuple[int | None, Event | None]:
         for d in self._died_reports():
             w = d.extra.get("worker") or d.extra.get("proc") or ""
@@ -1845,6 +1852,13 @@ class Analyzer:
                 "python-exception",
             )
         ):
+            live = self._first_live_death()
+            if live is not None and live.process and death_signal(live) == death_signal(ev):
+                notes.append(
+                    f"the crash dump carries no process prefix; linked to {live.process}: the first "
+                    f"process the supervisor saw die, by the same signal"
+                )
+                return live.process, live.rank, live.pid
             r, d = self._died_rank()
             if r is not None:
                 notes.append(
