@@ -640,6 +640,36 @@ def port_owners(port: int) -> list[int]:
     )
 
 
+def holder_of_removed_lock(pids: list[int], lock_path: Path) -> int | None:
+    """The pid of a process among `pids` or their ancestors (3 levels: API server -> supervisor)
+    that holds `lock_path` open although the file was removed (the fd link reads "PATH (deleted)"):
+    the supervisor of a runtime directory deleted under it. None when there is none (or /proc
+    cannot tell)."""
+    import psutil
+
+    want = f"{os.path.abspath(lock_path)} (deleted)"
+    for pid in pids:
+        try:
+            chain = [psutil.Process(pid)]
+            chain += chain[0].parents()[:3]
+        except psutil.Error:
+            continue
+        for p in chain:
+            if p.pid == os.getpid():
+                continue
+            try:
+                fds = os.listdir(f"/proc/{p.pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{p.pid}/fd/{fd}") == want:
+                        return p.pid
+                except OSError:
+                    continue
+    return None
+
+
 async def wait_port_free(host: str, port: int, timeout_s: float, poll_s: float = 0.05) -> bool:
     """Wait until HOST:PORT can be bound; False after `timeout_s` seconds."""
     deadline = time.monotonic() + timeout_s

@@ -1334,9 +1334,23 @@ class Analyzer:
             cands = keep1
         deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
         first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
+        live = [e for e in deaths if e.source == "process"]
+        first_live = min(live, key=cmp_to_key(_cmp_time)) if live else None
         kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
         keep: list[Event] = []
         for ev in cands:
+            if (
+                first_live is not None
+                and ev.source == "process"
+                and ev.cause == "process-crash"
+                and self._before(first_live, ev)
+                and not self._same_proc(first_live, ev)
+            ):
+                # the supervisor's own exit times (pidfd, microseconds) order the deaths of one
+                # tree: a later death of another process (a rank's SIGABRT in oneCCL finalize after
+                # a worker's exit 1) follows the first, whatever its weight
+                demoted.append(ev)
+                continue
             if first_death is not None and ev.cause in (
                 "collective-failure",
                 "process-exception",
@@ -1725,6 +1739,13 @@ class Analyzer:
         out.sort(key=cmp_to_key(_cmp_time))
         return out
 
+    def _first_live_death(self) -> Event | None:
+        """The earliest death by a crash signal the supervisor itself saw (pidfd exit time), or
+        None (offline input, or only exit codes)."""
+        live = [e for e in self.roots.get("process-killed-by-signal", []) if e.source == "process"]
+        live = [e for e in live if self._abnormal_death(e)]
+        return min(live, key=cmp_to_key(_cmp_time)) if live else None
+
     def _died_rank(self) -> tuple[int | None, Event | None]:
         for d in self._died_reports():
             w = d.extra.get("worker") or d.extra.get("proc") or ""
@@ -1831,6 +1852,13 @@ class Analyzer:
                 "python-exception",
             )
         ):
+            live = self._first_live_death()
+            if live is not None and live.process and death_signal(live) == death_signal(ev):
+                notes.append(
+                    f"the crash dump carries no process prefix; linked to {live.process}: the first "
+                    f"process the supervisor saw die, by the same signal"
+                )
+                return live.process, live.rank, live.pid
             r, d = self._died_rank()
             if r is not None:
                 notes.append(

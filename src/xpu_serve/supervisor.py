@@ -775,6 +775,11 @@ class Supervisor:
                 # ours were swept above; whoever holds the port now is another program
                 # a listener we can name is another program: no point waiting for it
                 owners = cleanup.port_owners(e.port)
+                holder = cleanup.holder_of_removed_lock(owners, self._lock.path)
+                if holder is not None:
+                    # the engine of a supervisor whose runtime directory was removed under it
+                    self._lock.release()
+                    raise LockedError(self._lock.path, holder, "; it still runs though its lock file was removed")
                 if owners or not await cleanup.wait_port_free(
                     e.host, e.port, self.config.supervision.stop.port_free_timeout_s
                 ):
