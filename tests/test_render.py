@@ -234,10 +234,12 @@ environment:
         assert "sk-live-abcdef" not in out and "hf_zzzzzzzz" not in out
     doc = json.loads(j.stdout)
     argv = doc["argv"]
-    assert argv[argv.index("--api-key") + 1] == "***"
+    assert "--api-key" not in argv  # the key goes in the environment: argv is world-readable in /proc
     assert argv[argv.index("--hf-token") + 1] == "***"
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "8192"  # a count, not a secret
-    assert doc["env"] == {"PYTHONFAULTHANDLER": "1", "HF_TOKEN": "***", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    assert doc["env"] == {
+        "PYTHONFAULTHANDLER": "1", "HF_TOKEN": "***", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_API_KEY": "***"
+    }
     # The shell snippet is the same command: assignments, then the (redacted) argv.
     shell_env, shell_argv = parse_command_sh(s.stdout)
     assert shell_env == doc["env"] and shell_argv == argv

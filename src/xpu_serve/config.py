@@ -262,7 +262,7 @@ class EngineConfig(_Strict):
     max_num_batched_tokens: Tokens | None = Field(None, description="`--max-num-batched-tokens`")
     api_key: str | None = Field(
         None,
-        description="`--api-key`; write `${VAR}` so the key never sits in the file; empty = none; shown as `***`",
+        description="the key clients must send; passed to vLLM as `VLLM_API_KEY` in its environment (never on its command line); write `${VAR}` so it never sits in the file; empty = none; shown as `***`",
     )
 
     @field_validator("api_key")

@@ -165,8 +165,6 @@ def render(cfg: Config) -> Rendered:
         add("--enforce-eager")
     if e.trust_remote_code:
         add("--trust-remote-code")
-    if e.api_key is not None:
-        add("--api-key", e.api_key, is_secret=True)
 
     for key, v in e.args.items():
         name = key.lstrip("-").replace("_", "-")
@@ -194,5 +192,10 @@ def render(cfg: Config) -> Rendered:
     for preset in cfg.environment.presets:
         env.update(preset_vars(preset))
     env.update(cfg.environment.vars)
+    if e.api_key is not None:
+        # in the engine's environment, never on its argv: /proc/PID/cmdline is readable by every
+        # local user, /proc/PID/environ only by its owner (vllm/envs.py VLLM_API_KEY; the API
+        # server uses `args.api_key or envs.VLLM_API_KEY`)
+        env["VLLM_API_KEY"] = e.api_key
     secret_keys = frozenset(k for k in env if is_secret_name(k))
     return Rendered(argv=argv, env=env, secret_keys=secret_keys, secret_argv=frozenset(secret), head=head)
