@@ -26,6 +26,7 @@ SCRAPE_MADE = {"up"}
 _PROMQL_WORDS = {
     "sum", "by", "without", "increase", "rate", "absent", "or", "and", "unless", "on", "ignoring",
     "count", "max", "min", "avg", "vector", "humanize", "bool", "offset", "group_left", "group_right",
+    "histogram_quantile", "time",
 }
 
 
