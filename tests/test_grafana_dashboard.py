@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .e2e.harness import _free_port, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
+from .e2e.harness import start_with_metrics, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
 from .test_prometheus_rules import SCRAPE_MADE, _promtool, metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,11 +86,7 @@ def test_promtool_parses_every_expression(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_every_dashboard_metric_is_served_by_a_live_supervisor(up_factory: Any) -> None:  # noqa: F811
     u = up_factory(tp=2)
-    mport = _free_port()
-    u.cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
-    u.write_config()
-    u.start()
-    u.wait_tree(1, timeout=60)
+    mport = start_with_metrics(u)
     text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
     served = set()
     for fam in text_string_to_metric_families(text):

@@ -24,7 +24,7 @@ import yaml
 from xpu_serve.config import Config, load_config
 from xpu_serve.integrations import probes
 
-from .e2e.harness import _free_port, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
+from .e2e.harness import start_with_metrics, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "deploy" / "kubernetes" / "base"
@@ -295,11 +295,7 @@ def test_probe_and_scrape_paths_are_answered_by_a_live_supervisor(
 ) -> None:
     c = _container(objects)
     u = up_factory(tp=4)
-    mport = _free_port()
-    u.cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
-    u.write_config()
-    u.start()
-    u.wait_tree(1, timeout=60)
+    mport = start_with_metrics(u)
     for probe in PROBE_OF:
         path = c[probe]["httpGet"]["path"]
         r = httpx.get(f"http://127.0.0.1:{mport}{path}", timeout=5)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .e2e.harness import _free_port, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
+from .e2e.harness import start_with_metrics, up_factory  # noqa: F401, F811  (a pytest fixture, found by name)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "xpu-serve-rules.yaml"
@@ -90,11 +90,7 @@ def _series_file(text: str) -> list[dict[str, str]]:
 def test_every_rule_metric_exists_in_a_live_scrape(up_factory: Any, tmp_path: Path) -> None:  # noqa: F811
     exe = _promtool()
     u = up_factory(tp=2)
-    mport = _free_port()
-    u.cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
-    u.write_config()
-    u.start()
-    u.wait_tree(1, timeout=60)
+    mport = start_with_metrics(u)
     text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
     series = _series_file(text)
     counts: dict[str, int] = {}

@@ -301,6 +301,17 @@ def proc_connector_available() -> bool:
     return True
 
 
+def start_with_metrics(u: Up) -> int:
+    """Start `u` with the supervisor's metrics and probes on a free loopback port and wait until
+    incarnation 1 is ready with its whole tree; returns that port."""
+    port = _free_port()
+    u.cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+    u.write_config()
+    u.start()
+    u.wait_tree(1, timeout=60)
+    return port
+
+
 def with_suppress(fn: Any) -> None:
     try:
         fn()
