@@ -152,8 +152,52 @@ def test_parse_metrics_sums_label_sets() -> None:
     assert (s.running, s.waiting, s.prompt_tokens, s.generation_tokens) == (4.0, 2.0, 30.0, 400.0)
     assert s.in_flight == 6.0 and s.tokens == 430.0
     assert prog.parse_metrics("# nothing here\n").in_flight is None
-    with pytest.raises(ValueError):
-        prog.parse_metrics("vllm:x{ 1\n")
+    assert prog.parse_metrics("vllm:x{ 1\n").in_flight is None  # not one of the four families
+    with pytest.raises(ValueError, match="does not parse"):
+        prog.parse_metrics('vllm:num_requests_running{engine="0" 1\n')
+    with pytest.raises(ValueError, match="not a number"):
+        prog.parse_metrics('vllm:num_requests_waiting{engine="0"} one\n')
+
+
+def test_parse_metrics_agrees_with_prometheus_client_parser() -> None:
+    """The scan gives prometheus_client's own parser's sums on real exposition text: label values
+    holding `}`, spaces, escaped quotes and newlines, other families with the same name prefix,
+    _created samples, timestamps, NaN-free random values over many label sets."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rng = random.Random(7)
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    fams = {
+        "running": Gauge("vllm:num_requests_running", "r", labels, registry=reg),
+        "waiting": Gauge("vllm:num_requests_waiting", "w", labels, registry=reg),
+        "prompt": Counter("vllm:prompt_tokens", "p", labels, registry=reg),
+        "gen": Counter("vllm:generation_tokens", "g", labels, registry=reg),
+        "decoy": Gauge("vllm:num_requests_running_max", "d", labels, registry=reg),
+    }
+    names = ['m}o del', 'q"uote', "new\nline", "back\\slash", "plain"]
+    for name in names:
+        for engine in ("0", "1"):
+            lv = {"model_name": name, "engine": engine}
+            for key in ("running", "waiting", "decoy"):
+                fams[key].labels(**lv).set(rng.randint(0, 50))
+            for key in ("prompt", "gen"):
+                fams[key].labels(**lv).inc(rng.uniform(0, 1e6))
+    text = generate_latest(reg).decode()
+    text += 'vllm:num_requests_waiting{model_name="x",engine="9"} 3 1700000000000\n'
+    want: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            want[s.name] = want.get(s.name, 0.0) + s.value
+    got = prog.parse_metrics(text)
+    assert got.running == pytest.approx(want[prog.RUNNING])
+    assert got.waiting == pytest.approx(want[prog.WAITING])
+    assert got.prompt_tokens == pytest.approx(want[prog.PROMPT_TOKENS])
+    assert got.generation_tokens == pytest.approx(want[prog.GENERATION_TOKENS])
+    assert got.waiting >= 3
 
 
 def test_parse_stats_lines_from_real_log() -> None:
