@@ -66,3 +66,36 @@ def test_setup_has_the_two_commands() -> None:
         ".venv/bin/xpu-serve up -c configs/demo.yaml --no-echo",
         "bash scripts/test.sh",
     ]
+
+
+PROOF = re.compile(r"^(?:\.venv/bin/python -m pytest|promtool test) ")
+
+
+def production_commands() -> dict[str, list[str]]:
+    """The README's last section, `## Production`: subsection title -> its proof commands (indented
+    lines or `code spans` that run `.venv/bin/python -m pytest ...` or `promtool test ...`)."""
+    text = README.read_text()
+    sections = text.split("\n## ")
+    assert sections[-1].startswith("Production\n"), "## Production must be the README's last section"
+    found: dict[str, list[str]] = {}
+    for sub in sections[-1].split("\n### ")[1:]:
+        title, _, body = sub.partition("\n")
+        indented = [ln.strip() for ln in body.splitlines() if ln.startswith("    ")]
+        spans = re.findall(r"`([^`]+)`", " ".join(body.split()))
+        found[title] = [c for c in indented + spans if PROOF.match(c)]
+    return found
+
+
+def test_every_production_integration_names_the_command_that_proves_it() -> None:
+    found = production_commands()
+    assert {"systemd", "Probes and health checks", "Prometheus alerts", "Docker", "Logs"} <= set(found)
+    for title, proofs in found.items():
+        assert proofs, f"### {title}: no `.venv/bin/python -m pytest ...` (or promtool test) command"
+        for proof in proofs:
+            for arg in proof.split()[3:]:
+                if arg.startswith("-"):
+                    continue
+                path, _, name = arg.partition("::")
+                assert (ROOT / path).is_file(), f"### {title}: {path} does not exist"
+                if name:
+                    assert f"def {name}(" in (ROOT / path).read_text(), f"### {title}: no test {arg}"

@@ -402,3 +402,61 @@ def test_kernel_records_into_dev_kmsg() -> None:
     assert found and re.match(
         r"^\d+,\d+,\d+,[-c];xe " + re.escape(pci) + r": \[drm\] Tile0: GT0: Engine reset", found[0]
     )
+
+
+# -- process titles with and without the setproctitle library ---------------------------------
+_TITLE_CHILD = """
+import json, sys, time
+if sys.argv[1] == "own":
+    sys.modules["setproctitle"] = None  # as on an install without the sim extra
+from xpu_serve.sim.proctitle import set_title
+set_title(sys.argv[2])
+print(json.dumps(sys.argv[1:]), flush=True)
+time.sleep(30)
+"""
+
+
+def _titled(way: str, title: str) -> tuple[bytes, str, dict[str, str], list[str]]:
+    """(raw /proc/PID/cmdline, comm, environ, what the child still sees as sys.argv) of a child
+    that set `title` the `way` ("lib": setproctitle; "own": the fallback)."""
+    env = {**os.environ, "SPT_NOENV": "1", "XPU_T_MARK": "m"}  # SPT_NOENV: as the supervisor sets
+    p = subprocess.Popen([sys.executable, "-c", _TITLE_CHILD, way, title], stdout=subprocess.PIPE,
+                         env=env, text=True)
+    try:
+        argv = json.loads(p.stdout.readline())  # type: ignore[union-attr]
+        with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+            raw = f.read()
+        return raw, _comm(p.pid), psutil.Process(p.pid).environ(), argv
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("title", ["VLLM::Worker_TP0", "VLLM::EngineCore", "VLLM::Worker"])
+def test_fallback_title_is_byte_identical_to_setproctitle(title: str) -> None:
+    pytest.importorskip("setproctitle")  # in the dev extra
+    lib, own = _titled("lib", title), _titled("own", title)
+    assert own[0] == lib[0]  # /proc/PID/cmdline, byte for byte
+    assert own[0].startswith(title.encode() + b"\0") and set(own[0][len(title):]) == {0}
+    assert own[1] == lib[1] == title[:15]  # comm
+    assert own[2]["XPU_T_MARK"] == lib[2]["XPU_T_MARK"] == "m"
+    assert own[3] == ["own", title]  # the interpreter's own copy of argv is untouched
+
+
+def test_tree_titles_and_discovery_without_setproctitle(tmp_path) -> None:
+    # every process of the tree imports sitecustomize from PYTHONPATH: setproctitle is hidden
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['setproctitle'] = None\n")
+    from xpu_serve.sources.processes import discover
+
+    with SimRun(tmp_path, tp=2, env={"PYTHONPATH": str(site)}) as sim:
+        sim.wait_ready(30)
+        assert sim.proc is not None
+        found = {p.name: p.rank for p in discover(sim.proc.pid).values()}
+        assert found == {"APIServer": None, "EngineCore": None, "Worker_TP0": 0, "Worker_TP1": 1}
+        kids = psutil.Process(sim.proc.pid).children(recursive=True)
+        assert sorted(_comm(k.pid) for k in kids if _comm(k.pid).startswith("VLLM::")) == [
+            "VLLM::EngineCor", "VLLM::Worker_TP", "VLLM::Worker_TP",
+        ]
+    assert "cannot set the process title" not in sim.log()

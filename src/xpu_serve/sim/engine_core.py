@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from xpu_serve.sim import kernel, vlog
+from xpu_serve.sim import kernel, proctitle, vlog
 from xpu_serve.sim.common import SimConfig, pci_address
 from xpu_serve.sim.worker import worker_main
 
@@ -97,9 +97,7 @@ class EngineCore:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
-        import setproctitle
-
-        setproctitle.setproctitle("VLLM::EngineCore")
+        proctitle.set_title("VLLM::EngineCore")
         vlog.set_style(self.cfg.prefix_style)
         vlog.set_name(self.cfg.engine_name)
         vlog.install_streams()

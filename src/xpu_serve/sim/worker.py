@@ -22,7 +22,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from xpu_serve.sim import kernel, vlog
+from xpu_serve.sim import kernel, proctitle, vlog
 from xpu_serve.sim.common import SimConfig, current_cpu, pci_address, read_comm
 from xpu_serve.sim.faults import Fault
 
@@ -194,9 +194,7 @@ class WorkerProc:
         time.sleep(s(1.0))
         vlog.info("xpu_worker.py:156", "XPU allocator warmup: pre-allocated 23.00 GiB")
         # WorkerProc.__init__: after init_device, set the process title and the log prefix.
-        import setproctitle
-
-        setproctitle.setproctitle(cfg.worker_title(r))
+        proctitle.set_title(cfg.worker_title(r))
         vlog.set_name(cfg.worker_log_name(r))
 
         self._phase_faults("load")
