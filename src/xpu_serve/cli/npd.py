@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -86,8 +87,12 @@ def _check(args: argparse.Namespace) -> int:
     try:
         records = src.snapshot()
     except OSError as e:
-        where = args.path if kind == "file" else src.kind
-        print(clip(f"kernel log unreadable: {where}: {e.strerror or e}"))
+        why = f"kernel log unreadable: {e.strerror or e}"
+        if kind != "file":  # a "none" source's reason names what was tried
+            print(clip(why if src.kind == "none" else f"{why}: {src.kind}"))
+        else:
+            line = f"{why}: {args.path}"
+            print(clip(line if len(line) <= 80 else f"{why}: .../{os.path.basename(args.path)}"))
         return UNKNOWN
     finally:
         src.close()
