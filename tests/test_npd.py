@@ -123,6 +123,8 @@ def test_python_only_syntax_is_rewritten_from_data() -> None:
         assert ras.pattern.search(line) is None
         assert npd_match(rule.pattern, line) is None
     assert npd_match(rule.pattern, message(ras.example)) is not None
+    # a count at the start of the newest message, with older lines in the buffer
+    assert npd_match(rule.pattern, "older line\n12 uncorrectable hardware errors detected in umc block") is not None
 
 
 def test_single_line_confines_newline_matching_constructs() -> None:
@@ -209,6 +211,8 @@ def test_check_unreadable_source_is_unknown(tmp_path: Path) -> None:
     assert code == 2 and "Is a directory" in out
     r = run_cli("npd", "check", "--source", "file")
     assert r.returncode == 2 and "--path" in r.stderr
+    r = run_cli("npd", "check", "--source", "kmsg", "--path", str(WEDGED_LOG))
+    assert r.returncode == 2 and "--path needs --source file" in r.stderr
     # a source whose command is not there: journalctl and dmesg not on PATH
     no_path = {**os.environ, "PATH": str(tmp_path)}
     for kind in ("journalctl", "dmesg"):

@@ -77,8 +77,9 @@ def _check(args: argparse.Namespace) -> int:
     from xpu_serve.sources.kernel import FileSource, KernelSource, open_source, uptime_s
 
     kind = args.source or ("file" if args.path else "auto")
-    if kind == "file" and not args.path:
-        print("xpu-serve npd check: --source file needs --path", file=sys.stderr)
+    if (kind == "file") != bool(args.path):
+        print(f"xpu-serve npd check: {'--source file needs --path' if args.path is None else '--path needs --source file'}",
+              file=sys.stderr)
         return UNKNOWN
     booted_at = time.time() - uptime_s()
     src: KernelSource = (
