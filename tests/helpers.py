@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,3 +29,17 @@ class Ctx:
 
     def record(self, event: Event) -> None:
         self.records.append(event)
+
+
+def kmsg_readable() -> bool:
+    """True when /dev/kmsg can be opened for reading here (root or CAP_SYSLOG, not restricted)."""
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+        return True
+    except OSError:
+        return False
+
+
+def kmsg_write_opted_in() -> bool:
+    """True when a test may write to the real /dev/kmsg: XPU_SERVE_TEST_KMSG=1, root, writable."""
+    return os.environ.get("XPU_SERVE_TEST_KMSG") == "1" and os.geteuid() == 0 and os.access("/dev/kmsg", os.W_OK)

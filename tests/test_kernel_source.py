@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.helpers import Ctx
+from tests.helpers import Ctx, kmsg_readable, kmsg_write_opted_in
 from xpu_serve import output
 from xpu_serve.config import Config
 from xpu_serve.incarnation import ProcessInfo
@@ -112,15 +112,7 @@ def test_to_event_parses_and_classifies_real_records() -> None:
 # ---- /dev/kmsg ---------------------------------------------------------------------------
 
 
-def _kmsg_readable() -> bool:
-    try:
-        os.close(os.open(k.KMSG_PATH, os.O_RDONLY | os.O_NONBLOCK))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _kmsg_readable(), reason="/dev/kmsg not readable here")
+@pytest.mark.skipif(not kmsg_readable(), reason="/dev/kmsg not readable here")
 def test_kmsg_read_only_real() -> None:
     src = k.KmsgSource(since_wall=0.0)
     try:
@@ -147,10 +139,7 @@ def test_kmsg_read_only_real() -> None:
 
 
 @pytest.mark.kmsg
-@pytest.mark.skipif(
-    os.environ.get("XPU_SERVE_TEST_KMSG") != "1" or os.geteuid() != 0 or not os.access(k.KMSG_PATH, os.W_OK),
-    reason="writes to /dev/kmsg: opt-in with XPU_SERVE_TEST_KMSG=1 as root",
-)
+@pytest.mark.skipif(not kmsg_write_opted_in(), reason="writes to /dev/kmsg: opt-in with XPU_SERVE_TEST_KMSG=1 as root")
 def test_kmsg_write_then_follow() -> None:
     marker = f"xpu-serve-test {uuid.uuid4().hex}"
 

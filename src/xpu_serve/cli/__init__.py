@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bundles": ("bundles", "list and show diagnostic bundles"),
     "bundle": ("bundle", "take a diagnostic bundle now from a running server"),
     "unit": ("unit", "print a systemd unit for a config"),
+    "npd": ("npd", "node-problem-detector: kernel monitor and custom plugin configs, the plugin check"),
 }
 
 

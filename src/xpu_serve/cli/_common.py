@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,3 +53,15 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
     return v
+
+
+def default_exec() -> str:
+    """The absolute path of the running xpu-serve executable (for a unit's ExecStart= or NPD's
+    plugin path): argv[0] when absolute, else the one on PATH, else next to this Python."""
+    argv0 = sys.argv[0]
+    if os.path.basename(argv0) == "xpu-serve" and os.path.isabs(argv0):
+        return argv0
+    found = shutil.which("xpu-serve")
+    if found:
+        return os.path.abspath(found)
+    return os.path.join(os.path.dirname(sys.executable), "xpu-serve")

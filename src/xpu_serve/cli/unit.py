@@ -8,15 +8,13 @@ arguments."""
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import yaml
 
 from xpu_serve import exitcodes
-from xpu_serve.cli._common import load_config_or_report
+from xpu_serve.cli._common import default_exec, load_config_or_report
 
 
 def _positive_int(text: str) -> int:
@@ -44,16 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _default_exec() -> str:
-    argv0 = sys.argv[0]
-    if os.path.basename(argv0) == "xpu-serve" and os.path.isabs(argv0):
-        return argv0
-    found = shutil.which("xpu-serve")
-    if found:
-        return os.path.abspath(found)
-    return os.path.join(os.path.dirname(sys.executable), "xpu-serve")
-
-
 def _raw(path: str) -> object:
     """The config's YAML before interpolation (load_config_or_report has already read it)."""
     try:
@@ -70,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_report(args.config)
     if cfg is None:
         return exitcodes.USAGE
-    exec_path = args.exec_path or _default_exec()
+    exec_path = args.exec_path or default_exec()
     env_file = args.env_file.absolute() if args.env_file else default_env_file(Path(args.config))
     for line in env_file_warnings(_raw(args.config), env_file, args.user):
         print(f"xpu-serve unit: {line}", file=sys.stderr)

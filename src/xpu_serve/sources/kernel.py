@@ -352,6 +352,12 @@ class KernelSource:
             return []
         return recs
 
+    def snapshot(self) -> list[KernelRecord]:
+        """Every record the source holds now (newer than `since_wall`), without following: a
+        one-shot read (`xpu-serve npd check`). Raises OSError when the source cannot be read
+        (for kind "none": its `reason`)."""
+        raise OSError(errno.ENODEV, self.reason or "no kernel log source")
+
     def _keep(self, rec: KernelRecord) -> bool:
         return self.since_wall is None or rec.wall is None or rec.wall >= self.since_wall
 
@@ -422,6 +428,9 @@ class KmsgSource(KernelSource):
                 out.append(rec)
         return out
 
+    def snapshot(self) -> list[KernelRecord]:
+        return self.read_available()
+
     async def records(self) -> AsyncIterator[KernelRecord]:
         if self.fd is None:
             return
@@ -464,6 +473,24 @@ class _ProcessSource(KernelSource):
 
     def _frame(self, line: str, offset: float) -> KernelRecord | None:
         raise NotImplementedError
+
+    def snapshot(self, timeout_s: float = 30.0) -> list[KernelRecord]:
+        """Run the command without its follow flag and frame what it prints."""
+        argv = [a for a in self.argv if a not in ("-f", "--follow")]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise OSError(errno.ETIMEDOUT, f"{argv[0]} did not finish in {timeout_s:g} s") from e
+        if r.returncode != 0:
+            err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise OSError(errno.EIO, f"{' '.join(argv)} exited {r.returncode}" + (f": {err[-1]}" if err else ""))
+        offset = boot_offset()
+        out = []
+        for line in r.stdout.decode("utf-8", "replace").splitlines():
+            rec = self._frame(line, offset)
+            if rec is not None and self._keep(rec):
+                out.append(rec)
+        return out
 
     async def records(self) -> AsyncIterator[KernelRecord]:
         proc = self.proc = await asyncio.create_subprocess_exec(
@@ -614,6 +641,13 @@ class FileSource(KernelSource):
                 continue
             out.append(rec)
         return out
+
+    def snapshot(self) -> list[KernelRecord]:
+        """The records of the file (from its start when `from_start`); OSError when it cannot be
+        opened (a file that does not exist yet is not waited for here)."""
+        with open(self.path, "rb"):
+            pass
+        return self.read_available()
 
     async def records(self) -> AsyncIterator[KernelRecord]:
         while True:
