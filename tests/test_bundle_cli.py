@@ -90,6 +90,9 @@ def test_bundle_standalone_from_state_json(tmp_path: Path, py_child: subprocess.
                                     "started_at": psutil.Process(py_child.pid).create_time()}]})
     r = cli("bundle", "--runtime-dir", str(rt), "--note", "operator looked at it")
     assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == (
+        f"no supervisor runs for {rt}: writing the bundle here from its state file and the last incarnation's logs"
+    )
     path = Path(r.stdout.strip())
     assert path.parent == rt / "bundles" and path.name.endswith("-i7-snapshot")
     inc = json.loads((path / "incident.json").read_text())

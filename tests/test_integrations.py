@@ -213,6 +213,29 @@ def test_unit_warns_for_each_variable_unset_under_systemd(tmp_path: Path) -> Non
     assert bad.returncode == 2 and "--watchdog-sec" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_unit_renders_with_a_secret_only_the_env_file_holds(tmp_path: Path) -> None:
+    """The README's `api_key: ${VLLM_API_KEY}` with the key unset where `unit` runs (it lives in
+    the env file only): the unit is written (exit 0) with a warning, and the secret appears nowhere
+    in it; a variable a typed field needs (a port) still has to parse, so that stays exit 2."""
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text("engine:\n  model: /models/m\n  api_key: '${VLLM_API_KEY}'\n")
+    env = {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--exec", "/opt/x/bin/xpu-serve"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "put VLLM_API_KEY=... in /etc/xpu-serve/svc.env" in out.stderr
+    assert "ExecStart=/opt/x/bin/xpu-serve up -c " in out.stdout and "VLLM_API_KEY" not in out.stdout
+    cfg.write_text("engine:\n  model: /models/m\n  port: '${PORT}'\n")
+    bad = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert bad.returncode == 2 and "environment variable PORT is not set" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
 def test_unit_bad_config_gives_one_line_and_exit_2(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "xpu_serve", "unit", "-c", str(tmp_path / "missing.yaml")],

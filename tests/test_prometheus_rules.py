@@ -44,6 +44,7 @@ def metric_names(expr: str) -> set[str]:
     ranges and strings, minus PromQL's functions and keywords."""
     bare = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
     bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", bare)
+    bare = re.sub(r"\boffset\s+[^\s()]+|\$\w+", " ", bare)  # `offset 15m`, Grafana's $variables
     bare = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", bare)  # grouping labels
     names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare)) - _PROMQL_WORDS
     return {n for n in names if not n.isdigit()}

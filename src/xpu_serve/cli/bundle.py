@@ -194,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
                 ans["taken_by"] = f"supervisor pid {holder}"
                 return _print_result(ans, args.json)
             print(f"supervisor (pid {holder}) did not answer the request; writing the bundle here", file=sys.stderr)
+    elif holder is None and not args.standalone:
+        print(
+            f"no supervisor runs for {runtime_dir}: writing the bundle here from its state file and the "
+            "last incarnation's logs",
+            file=sys.stderr,
+        )
 
     try:
         state = read_state(runtime_dir)

@@ -2,14 +2,19 @@
 print a systemd unit for the config (choices explained in `xpu_serve.integrations.unit`).
 
 stdout: the unit. stderr: one `warning:` line per `${VAR}` the config uses without a default that
-would be unset under systemd, naming the env file to set it in. Exit 0, or 2 on a bad config or
-arguments."""
+would be unset under systemd, naming the env file to set it in. A `${VAR}` unset where `unit` runs
+(a secret that only the env file holds) does not stop it: the unit is rendered with the reference
+itself in its place. Exit 0, or 2 on a bad config or arguments."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -51,11 +56,40 @@ def _raw(path: str) -> object:
         return None
 
 
+@contextmanager
+def _unset_as_references(raw: object) -> Iterator[None]:
+    """While inside: each `${VAR}` of `raw` with no default and unset here is set to the text
+    `${VAR}` itself (interpolation is not recursive), so the config loads as systemd will see it
+    once the env file sets VAR; the environment is restored afterwards."""
+    from xpu_serve.config import variable_references
+
+    names = {n for n, default, _loc in variable_references(raw) if default is None and n not in os.environ}
+    try:
+        for n in names:
+            os.environ[n] = "${" + n + "}"
+        yield
+    finally:
+        for n in names:
+            os.environ.pop(n, None)
+
+
+def _load(path: str) -> Any:
+    """The config with unset variables standing for themselves; None (problems printed, as
+    `load_config_or_report` prints them for the real environment) when it is invalid."""
+    from xpu_serve.config import ConfigError, load_config
+
+    try:
+        with _unset_as_references(_raw(path)):
+            return load_config(path)
+    except ConfigError:
+        return load_config_or_report(path)  # the problems as the real environment gives them
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the unit and the environment warnings; exit 2 with one line per problem on a bad config."""
     from xpu_serve.integrations.unit import WATCHDOG_SEC, default_env_file, env_file_warnings, render_unit
 
-    cfg = load_config_or_report(args.config)
+    cfg = _load(args.config)
     if cfg is None:
         return exitcodes.USAGE
     exec_path = args.exec_path or default_exec()
