@@ -12,7 +12,7 @@ is closed, the error reported once, the lines missed counted, and the file retri
 
 Written here rather than with `logging.handlers.RotatingFileHandler`: that handler formats and
 writes one record at a time under a lock (too slow for a 100 MB burst) and cannot rotate raw byte
-batches at line boundaries. The backup shifting is the relay's (`log_relay.shift_backups`).
+batches at line boundaries. The cut and the backup shifting are the relay's (`log_relay`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from xpu_serve.sources.log_relay import shift_backups
+from xpu_serve.sources.log_relay import cut_at, shift_backups
 
 
 class RotatingFile:
@@ -78,19 +78,10 @@ class RotatingFile:
         pos, end = 0, len(data)
         while pos < end:
             fd = self._open()
-            room = self.max_bytes - self._size
-            if end - pos <= room:
-                stop = end
-            else:
-                cut = data.rfind(b"\n", pos, pos + max(room, 0))
-                if cut >= 0:
-                    stop = cut + 1
-                elif self._size > 0:
-                    self._rotate()
-                    continue
-                else:
-                    nl = data.find(b"\n", pos)
-                    stop = end if nl < 0 else nl + 1
+            stop = cut_at(data, pos, end, self.max_bytes - self._size, self._size)
+            if stop < 0:
+                self._rotate()
+                continue
             view = memoryview(data)[pos:stop]
             while view:
                 n = os.write(fd, view)

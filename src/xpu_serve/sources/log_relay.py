@@ -372,6 +372,21 @@ def shift_backups(path: str, backups: int, dfd: int | None = None) -> None:
         pass
 
 
+def cut_at(data: bytes | bytearray, pos: int, end: int, room: int, size: int) -> int:
+    """Where a write of data[pos:end] into a file of `size` bytes with `room` left before
+    max_bytes stops: end if it fits, else after the last line end that fits; -1: rotate first
+    (not even one line fits and the file is not empty). One line longer than max_bytes goes
+    whole into a file of its own. Shared with `xpu_serve.sources.log_files.RotatingFile`."""
+    if end - pos <= room:
+        return end
+    cut = data.rfind(b"\n", pos, pos + max(room, 0))
+    if cut >= 0:
+        return cut + 1
+    if size > 0:
+        return -1
+    return data.find(b"\n", pos, end) + 1 or end
+
+
 def rotate() -> None:
     global lfd
     if lfd >= 0:
@@ -438,19 +453,11 @@ def log(i: int, data: bytes | bytearray, end: int) -> None:
         try:
             if lfd < 0:
                 open_log()
-            room = max_bytes - lsize
-            if end - pos <= room:
-                stop = end
-            else:
-                cut = data.rfind(b"\n", pos, pos + max(room, 0))
-                if cut >= 0:
-                    stop = cut + 1
-                elif lsize > 0:
-                    rotate()
-                    rot()
-                    continue
-                else:  # one line longer than max_bytes: a file of its own
-                    stop = data.find(b"\n", pos, end) + 1 or end
+            stop = cut_at(data, pos, end, max_bytes - lsize, lsize)
+            if stop < 0:
+                rotate()
+                rot()
+                continue
             w0 = lsize
             write_all(memoryview(data)[pos:stop])
         except OSError as e:
