@@ -12,6 +12,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,30 +73,36 @@ class Relay:
                 os.close(fd)
         self.frames = Frames()
         self._buf = b""
+        self._mine = {self.out_r, self.ctl_w, self.ack_r, self.state, *(w for _, w in self.ins)}
+
+    def close(self, fd: int) -> None:
+        """Close one of the test's ends (once: a number closed twice may be someone else's)."""
+        if fd in self._mine:
+            self._mine.discard(fd)
+            os.close(fd)
 
     def write(self, stream: int, data: bytes) -> None:
         os.write(self.ins[stream][1], data)
 
     def close_input(self, stream: int) -> None:
-        os.close(self.ins[stream][1])
+        self.close(self.ins[stream][1])
 
-    def read_frames(self, timeout: float = 20.0, until_eof: bool = True) -> Frames:
-        """Read frames until the relay closes its end (or, until_eof False, the pipe is quiet)."""
+    def read_frames(self, timeout: float = 20.0, until: Callable[[Frames], bool] | None = None) -> Frames:
+        """Read frames until the relay closes its end, or until `until(frames)` holds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if until is not None and until(self.frames):
+                return self.frames
             ready, _, _ = select.select([self.out_r], [], [], 0.2)
             if not ready:
-                if until_eof:
-                    continue
-                break
+                continue
             chunk = os.read(self.out_r, 1 << 20)
             if not chunk:
-                break
+                assert until is None, "the relay closed its frame pipe first"
+                return self.frames
             self._buf += chunk
             self._parse()
-        else:
-            raise AssertionError("the relay did not close its frame pipe in time")
-        return self.frames
+        raise AssertionError("the relay's frames did not come in time")
 
     def _parse(self) -> None:
         buf, pos = self._buf, 0
@@ -118,16 +125,8 @@ class Relay:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(5)
-            for _, w in self.ins:
-                try:
-                    os.close(w)
-                except OSError:
-                    pass
-            for fd in (self.out_r, self.ctl_w, self.ack_r, self.state):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            for fd in list(self._mine):
+                self.close(fd)
 
 
 @pytest.fixture
@@ -229,12 +228,12 @@ def test_flush_is_acknowledged_after_the_pipes_are_in_vllm_log(log: Path) -> Non
         assert ready
         assert os.read(r.ack_r, 8) == (7).to_bytes(8, "big")
         assert log.read_bytes() == b"before flush\n"  # on disk when the ack comes
-        frames = r.read_frames(until_eof=False, timeout=5)
-        assert (ACK, 0, 7, 0) in frames.heads
+        frames = r.read_frames(timeout=10, until=lambda f: (ACK, 0, 7, 0) in f.heads)
+        assert frames.text() == b"before flush\n"  # (the ACK comes after the lines before it)
         # quit: Q then EOF on the control pipe; the relay drains and exits with the input still open
         r.write(0, b"last\n")
         os.write(r.ctl_w, b"Q" + bytes(8))
-        os.close(r.ctl_w)
+        r.close(r.ctl_w)
         frames = r.read_frames()
     finally:
         assert r.finish() == 0
@@ -247,9 +246,9 @@ def test_when_the_supervisor_is_gone_vllm_log_goes_on_until_the_engine_eof(log: 
     r = Relay(log, n=1)
     try:
         r.write(0, b"one\n")
-        r.read_frames(until_eof=False, timeout=2)
-        os.close(r.ctl_w)  # control EOF without Q: the supervisor died (kill -9)
-        os.close(r.out_r)
+        r.read_frames(timeout=10, until=lambda f: f.text() == b"one\n")
+        r.close(r.ctl_w)  # control EOF without Q: the supervisor died (kill -9)
+        r.close(r.out_r)
         time.sleep(0.2)
         assert r.proc.poll() is None  # still draining the engine's pipe
         r.write(0, b"two\n" * 100_000)  # 400 kB: more than a pipe holds, the writer is not blocked
