@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import with_loadavg  # noqa: E402
 
-from xpu_serve.sources.vllm_output import LogPump  # noqa: E402
+from xpu_serve.sources.log_pump import LogPump  # noqa: E402
 
 CHILD = r"""
 import os, sys, time

@@ -493,7 +493,7 @@ def test_unprefixed_crash_dump_of_the_root_goes_into_its_process_log(tmp_path: P
     analysis attributes it to Worker_TP0, and the bundle appends that block to Worker_TP0.log."""
     from xpu_serve.collectors import attribute_root_block
     from xpu_serve.diagnosis import diagnose_files
-    from xpu_serve.sources.vllm_output import LogPump
+    from xpu_serve.sources.log_pump import LogPump
 
     rt = tmp_path / "rt"
     logs = rt / "logs" / "1"

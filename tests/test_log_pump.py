@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from xpu_serve.sources.vllm_output import LogPump, PumpStats
+from xpu_serve.sources.log_pump import LogPump, PumpStats
 
 from .conftest import FIXTURES
 
@@ -1195,7 +1195,7 @@ def test_relay_keeps_vllm_log_going_after_the_supervisor_is_killed(tmp_path: Pat
     logs = tmp_path / "logs"
     owner_code = (
         "import os, subprocess, sys, time\n"
-        "from xpu_serve.sources.vllm_output import LogPump\n"
+        "from xpu_serve.sources.log_pump import LogPump\n"
         "eng = subprocess.Popen(['sh', '-c', 'sleep 1; yes abcdefghij | head -c 40000000; echo END; sleep 1'],\n"
         "                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)\n"
         f"pump = LogPump({str(logs)!r}, 1, echo=None)\n"
