@@ -8,7 +8,10 @@ Rendering rules (the README's config reference repeats them):
   `--max-model-len`, `--gpu-memory-utilization`, `--enforce-eager`, `--trust-remote-code`,
   `--quantization`, `--block-size`, `--max-num-batched-tokens`, `--api-key`), each as two argv
   items `--flag value`; `--host`, `--port` and `--tensor-parallel-size` always, the others when set
-  (booleans when true). Then `engine.args` in file order:
+  (booleans when true). With a `group:` section, vLLM's multi-node flags follow
+  (`--nnodes N --node-rank R --master-addr A --master-port P --distributed-executor-backend mp`,
+  and `--headless` on a follower: vllm/config/parallel.py, entrypoints/launchers/cli_args.py).
+  The group's secret is the supervisors' own: it never reaches vLLM. Then `engine.args` in file order:
   `true` -> `--name`; `false` -> `--no-name` (argparse BooleanOptionalAction, e.g.
   `--no-enable-prefix-caching`); `null` -> nothing; a list -> `--name a b` (one flag, argparse
   `nargs='+'`, e.g. `--allowed-origins`), except flags vLLM declares with `action='append'`
@@ -165,6 +168,17 @@ def render(cfg: Config) -> Rendered:
         add("--enforce-eager")
     if e.trust_remote_code:
         add("--trust-remote-code")
+    g = cfg.group
+    if g is not None:
+        add("--nnodes", g.nnodes)
+        add("--node-rank", g.node_rank)
+        add("--master-addr", g.master_addr)
+        add("--master-port", g.master_port)
+        # the mp backend: the only one with multi-node (--nnodes) support on XPU and CPU (Ray's
+        # check_health assumes healthy workers; platforms/interface.py: no Ray on CPU)
+        add("--distributed-executor-backend", "mp")
+        if g.role == "follower":
+            add("--headless")
 
     for key, v in e.args.items():
         name = key.lstrip("-").replace("_", "-")
