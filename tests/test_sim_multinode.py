@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +106,18 @@ def test_bad_multinode_flags_one_line_exit_2(tmp_path: Path) -> None:
                            text=True, timeout=30, stdin=subprocess.DEVNULL)
         assert r.returncode == 2, (flags, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and re.search(re.escape(expected), r.stderr), r.stderr
+
+
+def test_follower_worker_killed_under_load_resets_the_heads_step(group: tuple[SimRun, SimRun]) -> None:
+    head, follower = group
+    got: list[int] = []
+    long = {**COMPLETION, "max_tokens": 4000}
+    t = threading.Thread(target=lambda: got.append(head.post("/v1/completions", long)[0]))
+    t.start()
+    time.sleep(0.5)  # the request is in its steps
+    os.kill(_worker_pid(follower, "Worker_TP1"), signal.SIGKILL)
+    head.wait_for_line(r"Read error \[127\.0\.0\.1\]:\d+: Connection reset by peer")
+    t.join(30)
+    assert got == [500]
+    assert head.wait_exit(30) == 0
+    follower.wait_for_line(r"Worker proc VllmWorker-1 died unexpectedly")
