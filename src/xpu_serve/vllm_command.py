@@ -125,6 +125,19 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def group_flags(cfg: Config) -> list[str]:
+    """vLLM's multi-node flags for `cfg.group` (none without a group): `--nnodes N --node-rank R
+    --master-addr A --master-port P --distributed-executor-backend mp`, then `--headless` on a
+    follower. The mp backend: the one with `--nnodes` support (vllm/config/parallel.py); Ray's
+    `check_health` assumes healthy workers, and the CPU platform has no Ray."""
+    g = cfg.group
+    if g is None:
+        return []
+    flags = ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank), "--master-addr", g.master_addr,
+             "--master-port", str(g.master_port), "--distributed-executor-backend", "mp"]
+    return flags + (["--headless"] if g.role == "follower" else [])
+
+
 def render(cfg: Config) -> Rendered:
     """Turn a validated config into the engine's argv and environment (rules in the module docstring).
 
@@ -168,17 +181,7 @@ def render(cfg: Config) -> Rendered:
         add("--enforce-eager")
     if e.trust_remote_code:
         add("--trust-remote-code")
-    g = cfg.group
-    if g is not None:
-        add("--nnodes", g.nnodes)
-        add("--node-rank", g.node_rank)
-        add("--master-addr", g.master_addr)
-        add("--master-port", g.master_port)
-        # the mp backend: the only one with multi-node (--nnodes) support on XPU and CPU (Ray's
-        # check_health assumes healthy workers; platforms/interface.py: no Ray on CPU)
-        add("--distributed-executor-backend", "mp")
-        if g.role == "follower":
-            add("--headless")
+    argv += group_flags(cfg)
 
     for key, v in e.args.items():
         name = key.lstrip("-").replace("_", "-")
