@@ -121,3 +121,16 @@ def test_follower_worker_killed_under_load_resets_the_heads_step(group: tuple[Si
     assert got == [500]
     assert head.wait_exit(30) == 0
     follower.wait_for_line(r"Worker proc VllmWorker-1 died unexpectedly")
+
+
+def test_follower_mainprocess_killed_its_worker_serves_on(group: tuple[SimRun, SimRun]) -> None:
+    head, follower = group
+    assert follower.proc is not None
+    worker = _worker_pid(follower, "Worker_TP1")
+    os.kill(follower.proc.pid, signal.SIGKILL)  # the follower's MainProcess alone
+    follower.wait_for_line(r"Worker_TP1 pid=\d+\) INFO .* Parent process exited, terminating worker")
+    status, body = head.post("/v1/completions", COMPLETION)
+    assert status == 200, body  # the orphaned worker still takes part in the head's steps
+    os.kill(worker, signal.SIGTERM)
+    time.sleep(1.0)
+    assert any(p.pid == worker for p in follower.processes())  # SIGTERM ignored: only SIGKILL ends it

@@ -63,6 +63,7 @@ class WorkerProc:
         self.peer_died: int | None = None
         self.serving_at: float | None = None
         self.hung = False
+        self.orphaned = False  # a follower's worker whose MainProcess died: serves on, ignores SIGTERM
         self.device_lost: Fault | None = None  # a due device-lost fault: the next step fails
         self.shm_path: str | None = None
         self.shm_maps: list[mmap.mmap] = []  # every rank's cpushm segment, mapped for life
@@ -91,8 +92,8 @@ class WorkerProc:
         os._exit(0)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        if self.hung:
-            return  # stuck inside a collective: only SIGKILL ends it (as on real hardware)
+        if self.hung or self.orphaned:
+            return  # stuck inside a collective, or an orphaned follower worker: only SIGKILL ends it
         vlog.info("multiproc_executor.py:732", "WorkerProc shutting down.")
         os._exit(0)
 
@@ -107,6 +108,11 @@ class WorkerProc:
         if self.cfg.orphans:
             return
         vlog.info("multiproc_executor.py:707", "Parent process exited, terminating worker")
+        if self.cfg.headless:
+            # measured (../shared/notes/multi-node.md): a follower's worker whose MainProcess was
+            # killed logs the line above, then keeps serving and ignores SIGTERM
+            self.orphaned = True
+            return
         if self.peer_died is None:
             os._exit(0)
         vlog.info("multiproc_executor.py:732", "WorkerProc shutting down.")
