@@ -29,6 +29,11 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+_GROUP = (
+    "group:\n  role: {role}\n  nnodes: {n}\n  node_rank: {r}\n  master_addr: 10.0.0.1\n"
+    "  secret: 0123456789abcdef0123\n"
+)
+
 # (name, file text, the one expected stderr line after "FILE:")
 BAD = [
     (
@@ -107,6 +112,63 @@ BAD = [
         "bool-env-value",
         "engine:\n  model: m\nenvironment:\n  vars:\n    HF_HUB_OFFLINE: true\n",
         '5: environment.vars.HF_HUB_OFFLINE: a boolean is ambiguous as an environment value: quote it, e.g. "1"',
+    ),
+    (
+        "group-head-not-rank-0",
+        "engine: {model: m, tensor_parallel_size: 2}\n" + _GROUP.format(role="head", n=2, r=1),
+        "5: group.node_rank: the head must be node_rank 0, got 1",
+    ),
+    (
+        "group-follower-rank-0",
+        "engine: {model: m, tensor_parallel_size: 2}\n" + _GROUP.format(role="follower", n=2, r=0),
+        "5: group.node_rank: a follower needs node_rank 1..nnodes-1; 0 is the head",
+    ),
+    (
+        "group-rank-past-nnodes",
+        "engine: {model: m, tensor_parallel_size: 2}\n" + _GROUP.format(role="follower", n=2, r=2),
+        "5: group.node_rank: must be < nnodes (2), got 2",
+    ),
+    (
+        "group-one-node",
+        "engine: {model: m}\n" + _GROUP.format(role="head", n=1, r=0),
+        "4: group.nnodes: must be >= 2",
+    ),
+    (
+        "group-follower-without-master-addr",
+        "engine: {model: m, tensor_parallel_size: 2}\n"
+        "group:\n  role: follower\n  nnodes: 2\n  node_rank: 1\n  secret: 0123456789abcdef0123\n",
+        "2: group.master_addr: required key is missing",
+    ),
+    (
+        "group-short-secret",
+        "engine: {model: m, tensor_parallel_size: 2}\n"
+        "group:\n  role: head\n  nnodes: 2\n  node_rank: 0\n  master_addr: h\n  secret: short\n",
+        "7: group.secret: must be at least 16 characters, got 5 "
+        "(e.g. `openssl rand -hex 32` in an environment variable, then `${VAR}`)",
+    ),
+    (
+        "group-workers-do-not-split",
+        "engine: {model: m, tensor_parallel_size: 3}\n" + _GROUP.format(role="head", n=2, r=0),
+        "4: group.nnodes: the group's 3 workers (engine.tensor_parallel_size x pipeline parallel) "
+        "do not split evenly over 2 nodes",
+    ),
+    (
+        "group-flag-in-args",
+        "engine:\n  model: m\n  args:\n    node-rank: 1\n",
+        "4: engine.args.node-rank: set by the group section: use group.node_rank",
+    ),
+    (
+        "group-heartbeat-too-slow",
+        "engine: {model: m, tensor_parallel_size: 2}\n" + _GROUP.format(role="head", n=2, r=0)
+        + "  peer_timeout_s: 3\n  heartbeat_interval_s: 2\n",
+        "9: group.heartbeat_interval_s: must be at most a third of peer_timeout_s (3 s), got 2: "
+        "one late heartbeat would look like a lost node",
+    ),
+    (
+        "group-channel-on-master-port",
+        "engine: {model: m, tensor_parallel_size: 2}\n" + _GROUP.format(role="head", n=2, r=0)
+        + "  listen: 0.0.0.0:29501\n",
+        "8: group.listen: PORT 29501 is group.master_port (vLLM's rendezvous)",
     ),
 ]
 
@@ -602,3 +664,42 @@ def test_default_config_sends_the_idle_canary() -> None:
     h = HangConfig()
     assert h.canary is True
     assert h.canary_interval_s + h.canary_timeout_s <= h.after_s + h.canary_interval_s
+
+
+def test_group_secret_from_env_masked_in_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (
+        "engine: {model: m, tensor_parallel_size: 4}\n"
+        "group: {role: follower, nnodes: 2, node_rank: 1, master_addr: '10.0.0.1', "
+        "secret: '${XPU_T_GROUP_SECRET}', listen: '0.0.0.0:29700'}\n"
+    )
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text(text)
+    monkeypatch.setenv("XPU_T_GROUP_SECRET", "s3cret-one-0123456789")
+    a = load_config(cfg)
+    assert a.group is not None and a.group.secret == "s3cret-one-0123456789"
+    assert a.group.head_url == "http://10.0.0.1:29700"
+    assert (a.group.peer_timeout_s, a.group.heartbeat_interval_s, a.group.master_port) == (10.0, 1.0, 29501)
+    monkeypatch.setenv("XPU_T_GROUP_SECRET", "s3cret-two-0123456789")
+    b = load_config(cfg)
+    assert config_hash(a) == config_hash(b)  # the secret is masked before hashing
+    # bundles: the config dump shows it as ***, and the supervisor's Redactor knows its value
+    from xpu_serve.redact import Redactor, secrets_in_mapping
+
+    dump = a.model_dump(mode="json")
+    assert Redactor().mapping(dump)["group"]["secret"] == "***"
+    assert "s3cret-one-0123456789" in secrets_in_mapping(dump)
+    cfg.write_text(text.replace("node_rank: 1", "node_rank: 1, peer_timeout_s: 20"))
+    assert config_hash(load_config(cfg)) != config_hash(a)
+
+
+def test_group_secret_unset_is_its_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text(
+        "engine: {model: m, tensor_parallel_size: 2}\ngroup:\n  role: head\n  nnodes: 2\n  node_rank: 0\n"
+        f"  master_addr: h\n  secret: ${{{UNSET}}}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert e.value.problems == [
+        f"{cfg}:7: group.secret: environment variable {UNSET} is not set (set it, or write ${{{UNSET}:-default}})"
+    ]

@@ -279,3 +279,45 @@ environment: {vars: {VLLM_CPU_OMP_THREADS_BIND: "0|1"}}
 )
 def test_is_secret_name(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
+
+
+_GROUP_CFG = """
+engine: {{model: m, tensor_parallel_size: 4, port: 8100}}
+group:
+  role: {role}
+  nnodes: 2
+  node_rank: {rank}
+  master_addr: 10.200.0.1
+  master_port: 29555
+  secret: ${{XPU_T_GROUP_SECRET}}
+"""
+
+
+@pytest.mark.parametrize("role,rank,tail", [("head", 0, []), ("follower", 1, ["--headless"])])
+def test_group_renders_vllm_multi_node_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str, rank: int, tail: list[str]
+) -> None:
+    secret = "group-secret-5f0c9a1e77"
+    monkeypatch.setenv("XPU_T_GROUP_SECRET", secret)
+    r = render(load_config(_cfg(tmp_path, _GROUP_CFG.format(role=role, rank=rank))))
+    assert r.argv == [
+        "vllm", "serve", "m", "--tensor-parallel-size", "4", "--host", "127.0.0.1", "--port", "8100",
+        "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.200.0.1", "--master-port", "29555",
+        "--distributed-executor-backend", "mp", *tail,
+    ]
+    # the group's secret is the supervisors' own: not on vLLM's argv, not in its environment
+    assert secret not in " ".join(r.argv) and secret not in " ".join(r.env.values())
+    assert r.env == {"PYTHONFAULTHANDLER": "1"}
+
+
+def test_group_secret_nowhere_in_render_output(xpu_serve_cmd: list[str], tmp_path: Path) -> None:
+    secret = "group-secret-90ab12cd34"
+    cfg = _cfg(tmp_path, _GROUP_CFG.format(role="follower", rank=1))
+    for extra in ([], ["--json"]):
+        r = subprocess.run(
+            [*xpu_serve_cmd, "render", "-c", str(cfg), *extra], capture_output=True, text=True,
+            env={**_env(), "XPU_T_GROUP_SECRET": secret}, timeout=60, stdin=subprocess.DEVNULL,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "--headless" in r.stdout and "--node-rank" in r.stdout
+        assert secret not in r.stdout + r.stderr

@@ -44,6 +44,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 # --------------------------------------------------------------------------- limits
@@ -74,6 +75,11 @@ MAX_TOKENS = 2**31 - 1
 tensors index tokens."""
 MAX_COUNT = 10_000
 """Upper bound of small counts (`max_failures`, `health.failures`, `bundles.keep`)."""
+MAX_GROUP_NODES = 64
+"""Upper bound of `group.nnodes`: hosts in one vLLM multi-node group (a 16-node group of 8-GPU
+hosts is already a rack; the head keeps one membership record per node)."""
+MIN_SECRET_CHARS = 16
+"""Shortest `group.secret`, characters: the HMAC-SHA256 key of the group channel."""
 
 
 class _FromEnv(str):
@@ -175,11 +181,16 @@ _SHORT_FLAGS = {
 
 
 class _KeyProblem(ValueError):
-    """A problem with one key of a mapping field: reported at that key's line."""
+    """A problem with one key of a mapping field (or a key path below the model that raised it,
+    as a tuple): reported at that key's line."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str | tuple[str, ...], message: str):
         super().__init__(message)
         self.key = key
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.key if isinstance(self.key, tuple) else (self.key,)
 
 
 def _check_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +204,9 @@ def _check_args(args: dict[str, Any]) -> dict[str, Any]:
             raise _KeyProblem(key, f"a short option; write its long name {_SHORT_FLAGS[flag]!r}")
         if flag in typed:
             raise _KeyProblem(key, f"has its own key: use engine.{flag.replace('-', '_')}")
+        if flag in GROUP_FLAGS:
+            own = "group.role" if flag in ("headless", "distributed-executor-backend") else f"group.{flag.replace('-', '_')}"
+            raise _KeyProblem(key, f"set by the group section: use {own}")
         if isinstance(value, list) and any(isinstance(x, (dict, list)) for x in value):
             raise _KeyProblem(key, "list items must be scalars")
         for item in value if isinstance(value, list) else [value]:
@@ -244,7 +258,8 @@ class EngineConfig(_Strict):
     )
     served_model_name: NonEmptyStr | None = Field(None, description="`--served-model-name`")
     tensor_parallel_size: TPSize = Field(
-        1, description="`--tensor-parallel-size` (always rendered; GPUs of one host, hence <= 64)"
+        1, description="`--tensor-parallel-size` (always rendered; GPUs of one host, hence <= 64; "
+        "with `group:`, of the whole group)"
     )
     host: Annotated[str, AfterValidator(_check_host)] = Field(
         "127.0.0.1",
@@ -459,6 +474,93 @@ class WebhookConfig(_Strict):
     timeout_s: Seconds = Field(5.0, description="webhook request timeout, seconds")
 
 
+GROUP_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "headless", "distributed-executor-backend")
+"""vLLM's multi-node flags (vllm/config/parallel.py `nnodes`, `node_rank`, `master_addr`,
+`master_port`; vllm/entrypoints/launchers/cli_args.py `--headless`), rendered from `group:`."""
+
+
+class GroupConfig(_Strict):
+    """One host of a vLLM multi-node group (multiprocessing backend): its role, vLLM's rendezvous
+    (`--nnodes --node-rank --master-addr --master-port`) and the supervisors' group channel."""
+
+    role: Literal["head", "follower"] = Field(
+        description="`head`: node rank 0, runs the API server and EngineCore, coordinates the group; "
+        "`follower`: `vllm serve --headless`, only its local workers"
+    )
+    nnodes: Annotated[_Int, Ge(2), Le(MAX_GROUP_NODES)] = Field(
+        description="`--nnodes`: hosts in the group; `engine.tensor_parallel_size` is the whole "
+        "group's and must be a multiple of it"
+    )
+    node_rank: Annotated[_Int, Ge(0), Le(MAX_GROUP_NODES - 1)] = Field(
+        description="`--node-rank`: 0 on the head, 1..nnodes-1 on followers"
+    )
+    master_addr: Annotated[str, AfterValidator(_check_host)] = Field(
+        description="`--master-addr`: the head's address every node reaches, on the head too (vLLM's "
+        "default 127.0.0.1 holds only when every node is this host)",
+    )
+    master_port: Port = Field(29501, description="`--master-port`: vLLM's rendezvous port on the head")
+    peer_timeout_s: Seconds = Field(
+        10.0,
+        description="a node not heard from for this long is lost (the head's view of a follower, a "
+        "follower's view of the head), seconds",
+    )
+    heartbeat_interval_s: Seconds = Field(
+        1.0, description="follower -> head heartbeat period, seconds (at most a third of `peer_timeout_s`)"
+    )
+    listen: Annotated[str, AfterValidator(_check_listen)] = Field(
+        "0.0.0.0:29600",
+        description="HOST:PORT of the group channel: where the head listens; followers reach it at "
+        "`master_addr` and this PORT (not 0)",
+    )
+    secret: str = Field(
+        description="shared key of the group channel (HMAC-SHA256), the same on every node, at "
+        f"least {MIN_SECRET_CHARS} characters; write `${{VAR}}`; never on a command line, shown as "
+        "`***`"
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _long_secret(cls, v: str) -> str:
+        if len(v) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_CHARS} characters, got {len(v)} "
+                "(e.g. `openssl rand -hex 32` in an environment variable, then `${VAR}`)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GroupConfig:
+        if self.role == "head" and self.node_rank != 0:
+            raise _KeyProblem("node_rank", f"the head must be node_rank 0, got {self.node_rank}")
+        if self.role == "follower" and self.node_rank == 0:
+            raise _KeyProblem("node_rank", "a follower needs node_rank 1..nnodes-1; 0 is the head")
+        if self.node_rank >= self.nnodes:
+            raise _KeyProblem("node_rank", f"must be < nnodes ({self.nnodes}), got {self.node_rank}")
+        if self.heartbeat_interval_s * 3 > self.peer_timeout_s:
+            raise _KeyProblem(
+                "heartbeat_interval_s",
+                f"must be at most a third of peer_timeout_s ({_num(self.peer_timeout_s)} s), got "
+                f"{_num(self.heartbeat_interval_s)}: one late heartbeat would look like a lost node",
+            )
+        port = self.channel_port
+        if port == 0:
+            raise _KeyProblem("listen", "the group channel needs a fixed PORT (followers connect to it), got 0")
+        if port == self.master_port:
+            raise _KeyProblem("listen", f"PORT {port} is group.master_port (vLLM's rendezvous)")
+        return self
+
+    @property
+    def channel_port(self) -> int:
+        """The group channel's TCP port (from `listen`)."""
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def head_url(self) -> str:
+        """Base URL of the head's group channel: http://MASTER_ADDR:PORT (IPv6 in brackets)."""
+        host = self.master_addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.channel_port}"
+
+
 class Config(_Strict):
     """The whole config file."""
 
@@ -470,12 +572,30 @@ class Config(_Strict):
     logs: LogsConfig = Field(default_factory=LogsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    group: GroupConfig | None = Field(None, description="absent: one host (see `group.*` below)")
     runtime_dir: NonEmptyStr = Field(
         "/var/lib/xpu-serve",
         description="state, logs and bundles (relative: to the current directory); "
         "`up --runtime-dir` overrides",
     )
     source_path: Path | None = Field(None, exclude=True)  # the file it was loaded from
+
+    @model_validator(mode="after")
+    def _group_fits_engine(self) -> Config:
+        g, e = self.group, self.engine
+        if g is None:
+            return self
+        pp = e.args.get("pipeline-parallel-size", e.args.get("pipeline_parallel_size", 1))
+        world = e.tensor_parallel_size * (pp if isinstance(pp, int) and pp > 0 else 1)
+        if world % g.nnodes:
+            raise _KeyProblem(
+                ("group", "nnodes"),
+                f"the group's {world} workers (engine.tensor_parallel_size x pipeline parallel) do not "
+                f"split evenly over {g.nnodes} nodes",
+            )
+        if g.channel_port == e.port:
+            raise _KeyProblem(("group", "listen"), f"PORT {e.port} is engine.port")
+        return self
 
 
 # --------------------------------------------------------------------------- errors and loading
@@ -698,10 +818,10 @@ def _unknown_key_hint(loc: Loc) -> str:
     model: Any = Config
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        sub = _section(getattr(field, "annotation", None))
+        if sub is None:
             return ""
-        model = ann
+        model = sub
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close and close[0] != "source_path" else ""
 
@@ -903,7 +1023,7 @@ def load_config(path: str | Path) -> Config:
             loc: Loc = tuple(x for x in err["loc"] if x != "[key]")
             cause = (err.get("ctx") or {}).get("error")
             if isinstance(cause, _KeyProblem):
-                loc = (*loc, cause.key)
+                loc = (*loc, *cause.keys)
             if any(loc[: len(bad)] == bad for bad, _ in interp):
                 continue  # already reported: the unset variable (or NUL...) is the problem
             if any(loc[: len(dup)] == dup for dup, _ in dups):
@@ -938,7 +1058,7 @@ def config_hash(cfg: Config) -> str:
 
     Normalized: every field with its default filled in, keys sorted, JSON; `source_path` is
     left out, and secrets (`engine.api_key`, environment variables and `engine.args` whose name
-    looks secret) are replaced by `***` first, so the hash neither leaks nor changes with a key
+    looks secret, `group.secret`) are replaced by `***` first, so the hash neither leaks nor changes with a key
     rotation.
     """
     from xpu_serve.vllm_command import MASK, is_secret_name
@@ -949,6 +1069,8 @@ def config_hash(cfg: Config) -> str:
     data["engine"]["args"] = {
         k: (MASK if is_secret_name(k) else v) for k, v in data["engine"]["args"].items()
     }
+    if data.get("group"):
+        data["group"]["secret"] = MASK
     env = data["environment"]["vars"]
     data["environment"]["vars"] = {k: (MASK if is_secret_name(k) else v) for k, v in env.items()}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -998,12 +1120,22 @@ def _default_str(field: Any) -> str:
     return f"`{json.dumps(value)}`"
 
 
+def _section(ann: Any) -> type[BaseModel] | None:
+    """The model of a section field: `M` or an optional `M | None`; None for any other field."""
+    import typing
+
+    for a in (ann, *[x for x in typing.get_args(ann) if x is not type(None)]):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
 def _walk_models(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[BaseModel]]]:
     yield prefix, model
     for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            yield from _walk_models(ann, f"{prefix}.{name}" if prefix else name)
+        sub = _section(field.annotation)
+        if sub is not None:
+            yield from _walk_models(sub, f"{prefix}.{name}" if prefix else name)
 
 
 def reference() -> str:
@@ -1013,7 +1145,7 @@ def reference() -> str:
         rows = []
         for name, field in model.model_fields.items():
             ann = field.annotation
-            if name == "source_path" or (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            if name == "source_path" or _section(ann) is not None:
                 continue
             key = f"{prefix}.{name}" if prefix else name
             bounds: list[str] = []

@@ -8,7 +8,10 @@ Rendering rules (the README's config reference repeats them):
   `--max-model-len`, `--gpu-memory-utilization`, `--enforce-eager`, `--trust-remote-code`,
   `--quantization`, `--block-size`, `--max-num-batched-tokens`, `--api-key`), each as two argv
   items `--flag value`; `--host`, `--port` and `--tensor-parallel-size` always, the others when set
-  (booleans when true). Then `engine.args` in file order:
+  (booleans when true). With a `group:` section, vLLM's multi-node flags follow
+  (`--nnodes N --node-rank R --master-addr A --master-port P --distributed-executor-backend mp`,
+  and `--headless` on a follower: vllm/config/parallel.py, entrypoints/launchers/cli_args.py).
+  The group's secret is the supervisors' own: it never reaches vLLM. Then `engine.args` in file order:
   `true` -> `--name`; `false` -> `--no-name` (argparse BooleanOptionalAction, e.g.
   `--no-enable-prefix-caching`); `null` -> nothing; a list -> `--name a b` (one flag, argparse
   `nargs='+'`, e.g. `--allowed-origins`), except flags vLLM declares with `action='append'`
@@ -122,6 +125,19 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def group_flags(cfg: Config) -> list[str]:
+    """vLLM's multi-node flags for `cfg.group` (none without a group): `--nnodes N --node-rank R
+    --master-addr A --master-port P --distributed-executor-backend mp`, then `--headless` on a
+    follower. The mp backend: the one with `--nnodes` support (vllm/config/parallel.py); Ray's
+    `check_health` assumes healthy workers, and the CPU platform has no Ray."""
+    g = cfg.group
+    if g is None:
+        return []
+    flags = ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank), "--master-addr", g.master_addr,
+             "--master-port", str(g.master_port), "--distributed-executor-backend", "mp"]
+    return flags + (["--headless"] if g.role == "follower" else [])
+
+
 def render(cfg: Config) -> Rendered:
     """Turn a validated config into the engine's argv and environment (rules in the module docstring).
 
@@ -165,6 +181,7 @@ def render(cfg: Config) -> Rendered:
         add("--enforce-eager")
     if e.trust_remote_code:
         add("--trust-remote-code")
+    argv += group_flags(cfg)
 
     for key, v in e.args.items():
         name = key.lstrip("-").replace("_", "-")

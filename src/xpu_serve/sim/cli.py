@@ -3,7 +3,9 @@
 The model is taken positionally (as ``vllm serve MODEL``) or from ``--model``. The flags vLLM
 users pass are accepted; those that shape the simulation are read (``--host``, ``--port``,
 ``--served-model-name``, ``-tp``/``--tensor-parallel-size``, ``--max-model-len``, ``--dtype``,
-``--block-size``, ``--api-key``, ``--disable-log-stats``); every other flag is accepted and shown
+``--block-size``, ``--api-key``, ``--disable-log-stats``, and the multi-node flags ``--nnodes``,
+``--node-rank``, ``--master-addr``, ``--master-port``, ``--headless``: see
+:mod:`xpu_serve.sim.multinode`); every other flag is accepted and shown
 in the ``non-default args`` line, like vLLM does for the flags it knows.
 
 Environment: ``XPU_SERVE_SIM_FAULTS`` (see :mod:`xpu_serve.sim.faults`),
@@ -53,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--quantization", "-q")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--distributed-executor-backend")
+    _bool_flag(p, "--headless")
     _bool_flag(p, "--disable-log-stats")
     _bool_flag(p, "--disable-log-requests")
     _bool_flag(p, "--enforce-eager")
@@ -78,6 +86,23 @@ def _unknown_to_dict(extra: list[str]) -> dict[str, Any]:
                 out[key] = True
         i += 1
     return out
+
+
+def _multinode_problem(args: argparse.Namespace, tp: int) -> str | None:
+    """One line when the multi-node flags do not fit (the simulator's own rules, stricter than
+    vLLM's: a follower is `--headless` with node rank 1..nnodes-1, the head node rank 0)."""
+    n, r = args.nnodes, args.node_rank
+    if n < 1 or not 0 <= r < n:
+        return f"--node-rank: must be 0..{max(n, 1) - 1} with --nnodes {n}, got {r}"
+    if tp % n:
+        return f"--tensor-parallel-size {tp} does not split over --nnodes {n}"
+    if bool(args.headless) != (r > 0):
+        return "--headless goes with --node-rank 1..nnodes-1 (a follower), and only there"
+    if not 1 <= args.master_port <= 65535:
+        return f"--master-port: must be 1..65535, got {args.master_port}"
+    if n > 1 and args.distributed_executor_backend not in (None, "mp"):
+        return f"--distributed-executor-backend {args.distributed_executor_backend}: multi-node needs mp"
+    return None
 
 
 def _fail(msg: str) -> int:
@@ -109,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"--tensor-parallel-size: must be >= 1, got {tp}")
     if not 0 <= args.port <= 65535:
         return _fail(f"--port: must be 0..65535, got {args.port}")
+    bad = _multinode_problem(args, tp)
+    if bad:
+        return _fail(bad)
     try:
         scale = time_scale()
         faults = parse_faults(os.environ.get("XPU_SERVE_SIM_FAULTS", ""), tp)
@@ -160,10 +188,20 @@ def main(argv: list[str] | None = None) -> int:
         faults=active(faults, getenv_incarnation()),
         dist_tag=dist_tag,
         prefix_style=style,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        headless=bool(args.headless),
     )
-    from xpu_serve.sim.api_server import run
+    if cfg.headless:
+        from xpu_serve.sim.headless import run_headless
 
-    code = run(cfg)
+        code = run_headless(cfg)
+    else:
+        from xpu_serve.sim.api_server import run
+
+        code = run(cfg)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no multiprocessing atexit join: the children are already handled

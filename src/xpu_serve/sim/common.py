@@ -47,6 +47,17 @@ class SimConfig:
     dist_tag: str = ""  # hex shared by /tmp/vllm_dist_<hex> and /dev/shm/vllm_dist_<hex>-cpushm_<rank>
     kv_cache_tokens: int = 220160
     prefix_style: str = "0.14"  # XPU_SERVE_SIM_PREFIX: "0.14" or "0.32" (see faults.prefix_style)
+    nnodes: int = 1  # --nnodes: hosts of the group (sim.multinode)
+    node_rank: int = 0  # --node-rank
+    master_addr: str = "127.0.0.1"  # --master-addr (vLLM's default)
+    master_port: int = 29501  # --master-port (vLLM's default)
+    headless: bool = False  # --headless: a follower, only its local workers
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """The TP ranks whose workers run on this node: node_rank*local .. +local-1."""
+        local = self.tensor_parallel_size // self.nnodes
+        return list(range(self.node_rank * local, (self.node_rank + 1) * local))
 
     def scaled(self, seconds: float, floor: float = 0.0) -> float:
         """`seconds` times the time scale, at least `floor` (real seconds)."""

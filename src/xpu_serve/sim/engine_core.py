@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from xpu_serve.sim import kernel, proctitle, vlog
+from xpu_serve.sim import kernel, multinode, proctitle, vlog
 from xpu_serve.sim.common import SimConfig, pci_address
 from xpu_serve.sim.worker import worker_main
 
@@ -63,7 +63,8 @@ class EngineCore:
         self.api_lock = threading.Lock()
         self.inputs: queue.Queue[tuple] = queue.Queue()
         self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
+        self.conns: list[Any] = []  # by TP rank: a Connection (local) or multinode.JsonConn (remote)
+        self.remote: dict[int, multinode.JsonConn] = {}  # TP rank -> its follower worker's link
         self.deaths: list[Connection] = []
         self.shutting_down = False
         self.failed = threading.Event()
@@ -156,8 +157,13 @@ class EngineCore:
             self.shm = None
 
     def _start_workers(self) -> None:
+        """Spawn the local workers; with `--nnodes`, listen on the master port first and wait for
+        every follower worker to connect (the rendezvous: blocks while a node is missing)."""
         ctx = multiprocessing.get_context("spawn")
-        for r in range(self.cfg.tensor_parallel_size):
+        listener = None
+        if self.cfg.nnodes > 1:
+            listener = multinode.listen(self.cfg.master_addr, self.cfg.master_port)
+        for r in self.cfg.local_ranks:
             mine, theirs = ctx.Pipe(duplex=True)
             death_r, death_w = ctx.Pipe(duplex=False)
             p = ctx.Process(
@@ -169,6 +175,11 @@ class EngineCore:
             self.procs.append(p)
             self.conns.append(mine)
             self.deaths.append(death_w)
+        if listener is not None:
+            remote = [r for r in range(self.cfg.tensor_parallel_size) if r not in self.cfg.local_ranks]
+            self.remote = multinode.accept_ranks(listener, remote)
+            listener.close()
+            self.conns += [self.remote[r] for r in remote]
 
     def _startup(self) -> None:
         tp = self.cfg.tensor_parallel_size
@@ -316,6 +327,8 @@ class EngineCore:
                 except OSError:
                     pass
                 p.join(1.0)
+        for link in self.remote.values():
+            link.close()
         if clean and self.shm is not None:
             try:
                 self.shm.close()
@@ -425,6 +438,9 @@ class EngineCore:
         """One engine step: every worker runs the forward pass; one token per running request."""
         self.step_no += 1
         n = self.step_no
+        for r, peer in self.remote.items():
+            if peer.closed_by_peer():  # the follower went away while the engine was idle
+                self._peer_failed(n, r, reset=False)
         for c in self.conns:
             try:
                 c.send(("step", n, len(self.requests)))
@@ -454,11 +470,13 @@ class EngineCore:
             conns = [c for c in self.conns if id(c) in live and live[id(c)] in pending]
             timeout = max(0.0, min(0.05, next_warn - now, deadline - now))
             for obj in wait(conns, timeout=timeout) if conns else []:
-                c = obj  # type: ignore[assignment]
+                link: Any = obj
                 try:
-                    msg = c.recv()
+                    msg = link.recv()
                 except (EOFError, OSError):
-                    live.pop(id(c), None)
+                    gone = live.pop(id(link), -1)
+                    if gone in self.remote:  # the follower died inside this step
+                        self._peer_failed(n, gone, reset=True)
                     continue
                 if msg[0] == "out" and msg[1] == n:
                     pending.discard(msg[2])
@@ -489,6 +507,24 @@ class EngineCore:
             "generation_tokens": len(outs),
         }
         self._send_api(("out", outs, stats))
+
+    def _peer_failed(self, step: int, rank: int, reset: bool) -> None:
+        """A remote rank's link is gone: TP rank 0's collective with it fails (gloo), rank 0
+        answers the step with the error, and the engine fails like on any worker error. Raises
+        _Fatal("worker-error")."""
+        text = multinode.gloo_error(self.remote[rank].peer, reset)
+        self.fail_text = text
+        self.dead_rank = 0
+        try:
+            self.conns[0].send(("peer-lost", step, text))
+            deadline = time.monotonic() + self.cfg.scaled(5.0, floor=1.0)
+            while self.conns[0].poll(max(0.0, deadline - time.monotonic())):
+                msg = self.conns[0].recv()
+                if msg[0] == "err" and msg[1] == step:
+                    break
+        except (EOFError, OSError):
+            pass
+        raise _Fatal("worker-error", True)
 
     def _fatal(self, kind: str, in_step: bool) -> None:
         if in_step:

@@ -21,8 +21,9 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
-from xpu_serve.sim import kernel, proctitle, vlog
+from xpu_serve.sim import kernel, multinode, proctitle, vlog
 from xpu_serve.sim.common import SimConfig, current_cpu, pci_address, read_comm
 from xpu_serve.sim.faults import Fault
 
@@ -45,22 +46,24 @@ _CCL_FD_MSG = "open failed: fd: -1, errno: No such file or directory"
 _CCL_FD_EXC = f"oneCCL: ze_fd_manager.cpp:214 fill_device_fds: EXCEPTION: {_CCL_FD_MSG}"
 
 
-def worker_main(cfg: SimConfig, rank: int, conn: Connection, death: Connection) -> None:
-    """Entry point of a worker process (multiprocessing spawn target). Never returns normally."""
+def worker_main(cfg: SimConfig, rank: int, conn: Connection | None, death: Connection) -> None:
+    """Entry point of a worker process (multiprocessing spawn target). Never returns normally.
+    `conn` None: a follower's worker, which connects to the head's master port itself."""
     WorkerProc(cfg, rank, conn, death).run()
 
 
 class WorkerProc:
     """One TP rank. See the module docstring for the protocol."""
 
-    def __init__(self, cfg: SimConfig, rank: int, conn: Connection, death: Connection):
+    def __init__(self, cfg: SimConfig, rank: int, conn: Connection | None, death: Connection):
         self.cfg = cfg
         self.rank = rank
-        self.conn = conn
+        self.conn: Any = conn
         self.death = death
         self.peer_died: int | None = None
         self.serving_at: float | None = None
         self.hung = False
+        self.orphaned = False  # a follower's worker whose MainProcess died: serves on, ignores SIGTERM
         self.device_lost: Fault | None = None  # a due device-lost fault: the next step fails
         self.shm_path: str | None = None
         self.shm_maps: list[mmap.mmap] = []  # every rank's cpushm segment, mapped for life
@@ -76,16 +79,21 @@ class WorkerProc:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         threading.Thread(target=self._watch_parent, name="WorkerDeathMonitor", daemon=True).start()
         try:
+            if self.conn is None:
+                self.conn = multinode.connect(
+                    self.cfg.master_addr, self.cfg.master_port, self.rank, self.cfg.scaled(600.0, floor=30.0)
+                )
             self.startup()
             self.worker_busy_loop()
         except (EOFError, OSError):
-            # The EngineCore went away while we talked to it; the death monitor reports it.
+            # The EngineCore went away while we talked to it; the death monitor reports it. A
+            # follower's worker whose head died stays here, alive and silent (as measured).
             time.sleep(3600)
         os._exit(0)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        if self.hung:
-            return  # stuck inside a collective: only SIGKILL ends it (as on real hardware)
+        if self.hung or self.orphaned:
+            return  # stuck inside a collective, or an orphaned follower worker: only SIGKILL ends it
         vlog.info("multiproc_executor.py:732", "WorkerProc shutting down.")
         os._exit(0)
 
@@ -100,6 +108,11 @@ class WorkerProc:
         if self.cfg.orphans:
             return
         vlog.info("multiproc_executor.py:707", "Parent process exited, terminating worker")
+        if self.cfg.headless:
+            # measured (../shared/notes/multi-node.md): a follower's worker whose MainProcess was
+            # killed logs the line above, then keeps serving and ignores SIGTERM
+            self.orphaned = True
+            return
         if self.peer_died is None:
             os._exit(0)
         vlog.info("multiproc_executor.py:732", "WorkerProc shutting down.")
@@ -154,14 +167,20 @@ class WorkerProc:
         s = cfg.scaled
         self._phase_faults("dist-init")
         time.sleep(s(0.5))
+        if cfg.nnodes > 1:
+            init = f"tcp://{cfg.master_addr}:{cfg.master_port}"
+        else:
+            init = f"tcp://127.0.0.1:{29500 + int(cfg.dist_tag[:4] or '0', 16) % 30000}"
+        local_rank = r - cfg.local_ranks[0]
         vlog.info(
             "parallel_state.py:1395",
-            f"world_size={tp} rank={r} local_rank={r} distributed_init_method=tcp://127.0.0.1:"
-            f"{29500 + int(cfg.dist_tag[:4] or '0', 16) % 30000} backend=xccl",
+            f"world_size={tp} rank={r} local_rank={local_rank} distributed_init_method={init} backend=xccl",
         )
-        self._make_shm()
+        if cfg.nnodes == 1:  # across nodes no shared memory: collectives go over the network
+            self._make_shm()
         self._barrier("dist-init")
-        self._join_shm()
+        if cfg.nnodes == 1:
+            self._join_shm()
         vlog.info(
             "parallel_state.py:1717",
             f"rank {r} in world size {tp} is assigned as DP rank 0, PP rank 0, PCP rank 0, TP rank {r}, "
@@ -481,6 +500,8 @@ class WorkerProc:
                     self.execute_model(None, f)
             if msg is not None and msg[0] == "step":
                 self.execute_model(msg, None)
+            elif msg is not None and msg[0] == "peer-lost":
+                self._collective_failed(int(msg[1]), str(msg[2]))
 
     def execute_model(self, msg: tuple | None, fault: Fault | None) -> None:
         """One forward pass (1/token_rate s), or the scripted fault if one is due."""
@@ -497,6 +518,22 @@ class WorkerProc:
             return
         time.sleep(1.0 / self.cfg.token_rate)
         self.conn.send(("out", msg[1], self.rank))
+
+    def _collective_failed(self, step: int, text: str) -> None:
+        """This step's collective with a rank on another node failed (its link is gone: see
+        sim.multinode): vLLM's ``WorkerProc hit an exception.`` with the gloo error, answered to
+        the EngineCore as the step's failure."""
+        frames = [
+            ("vllm/v1/executor/multiproc_executor.py", 806, "worker_busy_loop", "output = func(*args, **kwargs)"),
+            ("vllm/distributed/parallel_state.py", 493, "all_reduce", "return self._all_reduce_out_place(input_)"),
+            ("vllm/distributed/device_communicators/base_device_communicator.py", 128, "all_reduce",
+             "dist.all_reduce(input_, group=self.device_group)"),
+        ]
+        vlog.error(
+            "multiproc_executor.py:817",
+            "WorkerProc hit an exception.\n" + vlog.traceback_text(frames, f"RuntimeError: {text}"),
+        )
+        self.conn.send(("err", step, self.rank, text))
 
     def _fire(self, f: Fault) -> None:
         sys.stdout.flush()
