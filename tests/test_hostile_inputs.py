@@ -1,4 +1,4 @@
-"""Hostile inputs found by a break-it pass: each is one line and exit 2, never a traceback, a
+"""Hostile inputs: each is one line and exit 2, never a traceback, a
 hang, or a file read from outside the bundle. Real `xpu-serve` subprocesses."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_bundles_show_never_follows_a_symlink_out_of_the_bundle(tmp_path: Path) 
     r = _xs("bundles", "show", BID, "--runtime-dir", str(tmp_path / "rt"))
     assert r.returncode == exitcodes.OK, r.stderr
     assert "SECRET-HASH" not in r.stdout + r.stderr
-    # a manifest saying complete is not believed when incident.json cannot be read (break-it 4)
+    # a manifest saying complete is not believed when incident.json cannot be read
     assert "state: INCOMPLETE" in r.stdout and "incident.json missing or unreadable" in r.stdout
     r = _xs("bundles", "list", "--runtime-dir", str(tmp_path / "rt"), "--json")
     assert "SECRET-HASH" not in r.stdout
@@ -140,7 +140,7 @@ def test_diagnose_read_error_names_the_file() -> None:
 def test_bundles_list_does_not_call_a_damaged_bundle_complete(
     tmp_path: Path, incident: bytes | None, manifest: Any, problem: str
 ) -> None:
-    """Break-it 4: a bundle whose incident.json was missing or garbage while bundle.json said
+    """A bundle whose incident.json was missing or garbage while bundle.json said
     complete was listed `yes`; a garbage bundle.json was called "partial (the writer did not
     finish)". Now both are `no` with what is damaged, and diagnose still reads the logs."""
     b = _bundle(tmp_path)
@@ -160,7 +160,7 @@ def test_bundles_list_does_not_call_a_damaged_bundle_complete(
 
 
 def test_status_of_a_dead_supervisor_promises_no_restart(tmp_path: Path) -> None:
-    """Break-it 4: state.json of a supervisor killed in backoff showed `next restart ... (in 1.2 s)`,
+    """state.json of a supervisor killed in backoff showed `next restart ... (in 1.2 s)`,
     a restart nobody would do. Now it says none is coming."""
     rt = tmp_path / "rt"
     rt.mkdir()
@@ -178,7 +178,7 @@ def test_status_of_a_dead_supervisor_promises_no_restart(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("incident", ["[" * 100000 + "]" * 100000, '{"supervisor": 5}', '{"supervisor": {"processes": 7}}'])
 def test_diagnose_bundle_with_a_hostile_incident_json(tmp_path: Path, incident: str) -> None:
-    """Break-it 4: an incident.json nested 100000 deep made `diagnose BUNDLE` end in "internal
+    """An incident.json nested 100000 deep made `diagnose BUNDLE` end in "internal
     error: RecursionError" (exit 1). The incident is only a source of live facts: the verdict
     comes from the logs, exit 0."""
     b = _bundle(tmp_path)
@@ -194,7 +194,7 @@ def test_diagnose_bundle_with_a_hostile_incident_json(tmp_path: Path, incident: 
 
 @pytest.mark.parametrize("where", ["model", "runtime_dir", "command"])
 def test_check_with_a_path_component_too_long_is_a_finding(tmp_path: Path, where: str) -> None:
-    """Break-it 4: a 300-character path component in engine.model, runtime_dir or
+    """A 300-character path component in engine.model, runtime_dir or
     engine.command[0] made `check` end in "internal error: OSError: [Errno 36] File name too long"
     (exit 1). Now it is an error finding naming the field, exit 2."""
     long = "/" + "a" * 300
@@ -215,7 +215,7 @@ def test_check_with_a_path_component_too_long_is_a_finding(tmp_path: Path, where
 
 
 def test_check_model_that_is_a_fifo(tmp_path: Path) -> None:
-    """Break-it 4: engine.model naming a FIFO was reported as "does not exist"."""
+    """engine.model naming a FIFO was reported as "does not exist"."""
     fifo = tmp_path / "model"
     os.mkfifo(fifo)
     (tmp_path / "c.yaml").write_text(json.dumps({"engine": {"model": str(fifo)}, "runtime_dir": str(tmp_path / "rt")}))

@@ -1,4 +1,4 @@
-"""The diagnostic bundle: one self-contained, redacted folder per incident (issue 7).
+"""The diagnostic bundle: one self-contained, redacted folder per incident.
 
 Layout (docs/bundles.md has the full description):
 
@@ -817,8 +817,8 @@ def serve_bundle_request(ctx: IncarnationContext, request: Path) -> BundleResult
     taken = _answer_path(request, ".taken")
     try:
         # only a regular file is a request (`request_bundle` writes one): reading a FIFO dropped
-        # here blocked this thread forever, and with it every later request of the incarnation
-        # and one worker of the event loop's default executor (break-it 4)
+        # here would block this thread forever, and with it every later request of the
+        # incarnation and one worker of the event loop's default executor
         if not stat.S_ISREG(os.lstat(request).st_mode):
             return None
         os.rename(request, taken)

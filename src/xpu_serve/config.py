@@ -5,7 +5,7 @@ from the environment, validates it against `Config` and returns it; every proble
 "FILE:LINE: key.path: message" naming the YAML line of the offending key, collected in
 `ConfigError.problems`. Field names here are the contract other modules use; rename only with care.
 
-Hostile input gets the same one line (issue 2): the file is capped at MAX_FILE_BYTES, the YAML
+Hostile input gets the same one line: the file is capped at MAX_FILE_BYTES, the YAML
 composer counts nodes (aliases at the full size of their anchor: MAX_NODES), nesting (MAX_DEPTH)
 and integer digits (MAX_INT_DIGITS), refuses recursive aliases; every number has an upper bound
 (durations MAX_DURATION_S, finite); ints, floats and bools are strict (a bool is not an int, a
@@ -48,7 +48,7 @@ from pydantic import (
 )
 
 # --------------------------------------------------------------------------- limits
-# Hostile or broken input must end in one line and exit 2, fast and in bounded memory (issue 2).
+# Hostile or broken input must end in one line and exit 2, fast and in bounded memory.
 # A real config is a few KB, a few hundred YAML nodes, nested 3-6 levels.
 
 MAX_FILE_BYTES = 1024 * 1024

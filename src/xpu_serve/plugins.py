@@ -1,8 +1,8 @@
 """Which watchers and observers `up` attaches to the supervisor, built from the config.
 
 Kept in one place so the supervisor never imports a watcher or an integration directly:
-the kernel and hang watchers (issue 6) add themselves to `watchers_for`, systemd notify,
-Prometheus metrics and the webhook (issue 8) to `observers_for`.
+the kernel and hang watchers add themselves to `watchers_for`, systemd notify,
+Prometheus metrics and the webhook to `observers_for`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def watchers_for(config: Any) -> list[Watcher]:
     if config.supervision.hang.enabled:
         watchers.append(HangWatcher(config, kernel=kernel))
     watchers.append(StartupWatcher(config))
-    from xpu_serve.bundle import BundleRequestWatcher  # answers `xpu-serve bundle` (issue 7)
+    from xpu_serve.bundle import BundleRequestWatcher  # answers `xpu-serve bundle`
 
     watchers.append(BundleRequestWatcher())
     return watchers

@@ -123,7 +123,7 @@ def check_model(cfg: Config) -> Finding:
     like a hub id ORG/NAME (not checked: no network)."""
     try:
         return _check_model(cfg)
-    except OSError as e:  # (break-it 4: a 300-character path component was an internal error)
+    except OSError as e:  # e.g. ENAMETOOLONG for a 300-character path component
         return Finding("error", "model", f"engine.model {cfg.engine.model}: {e.strerror or e}")
 
 

@@ -1,4 +1,4 @@
-"""Redaction of secrets in everything a diagnostic bundle holds (issue 7, item 3).
+"""Redaction of secrets in everything a diagnostic bundle holds.
 
 Two layers, applied to every file written into a bundle (see `xpu_serve.bundle`):
 

@@ -155,7 +155,7 @@ def status_dict(status: Status, **extra: Any) -> dict[str, Any]:
 
 # state.json is padded with spaces (valid JSON whitespace) to a multiple of this many bytes, so
 # that when the atomic write cannot get new blocks (ENOSPC, EDQUOT: a full runtime directory) the
-# file can still be rewritten in place over the blocks it already has (issue 4, item 4).
+# file can still be rewritten in place over the blocks it already has.
 STATE_PAD_BYTES = 16384
 
 

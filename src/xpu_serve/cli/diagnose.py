@@ -99,8 +99,7 @@ def _live_exits(bundle: str) -> list[str]:
         raw = read_regular(Path(bundle) / "incident.json", 8 << 20, follow=False)
         procs = json.loads(raw or b"{}").get("supervisor", {}).get("processes") or []
     except (OSError, ValueError, AttributeError, TypeError, RecursionError):
-        # (RecursionError: a hand-made incident.json nested 100000 deep ended `diagnose` in an
-        # internal error, break-it 4)
+        # (RecursionError: a hand-made incident.json nested 100000 deep)
         return []
     out = []
     for p in procs if isinstance(procs, list) else []:

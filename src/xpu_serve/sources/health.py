@@ -4,7 +4,7 @@ vLLM's API server (vllm/entrypoints/openai/api_server.py) answers `GET /health` 
 the engine client is alive and 503 once the engine is dead (EngineDeadError); `GET /v1/models`
 lists `{"data": [{"id": <served model name>, ...}]}`. Readiness needs both: `/health` answers
 before the model is registered on some versions. Note `/health` stays 200 while the engine is
-hung: hangs are the hang watchdog's job (issue 6), not this probe's.
+hung: hangs are the hang watchdog's job, not this probe's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ never printed its oneCCL init lines while ranks 0, 2 and 3 did, and nothing was 
 reached; `stall(now)` names the phase that did not complete and the ranks that did not reach it.
 
 Milestones, in start-up order, and the lines that mark them (vLLM sources; texts as in
-../shared/cases and tests/fixtures/cases):
+tests/fixtures/cases):
 
 | phase | per rank | line (source) |
 | --- | --- | --- |

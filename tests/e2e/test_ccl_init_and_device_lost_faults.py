@@ -86,7 +86,7 @@ def _request_in_flight(port: int) -> threading.Thread:
     ],
     ids=["ccl-init-fail", "device-lost", "device-lost-kernel"],
 )
-def test_new_fault_recorded_and_restarted(
+def test_fault_recorded_and_restarted(
     faults: str, kernel: bool, cause: str, tmp_path: Path, sim_up_factory: Any
 ) -> None:
     kern = tmp_path / "kernel.txt"

@@ -1,4 +1,5 @@
-"""Break-it pass 4: what a hostile operator did to a running `xpu-serve up`, as real processes."""
+"""What a hostile operator does to a running `xpu-serve up` (stray signals, kill -9 at each state,
+FIFOs in the request folder, signal storms), as real processes."""
 
 from __future__ import annotations
 
