@@ -30,20 +30,22 @@ from xpu_serve.events import Event
 from xpu_serve.incarnation import Observer, Status, Trigger, Watcher
 from xpu_serve.redact import Redactor, secrets_in_env, secrets_in_mapping
 from xpu_serve.restart_policy import RestartPolicy
-from xpu_serve.state import EVENTS_FILE, LockedError, RuntimeLock, read_state, status_dict
+from xpu_serve.state import EVENTS_FILE, RuntimeLock
 from xpu_serve.supervision import backoff
 from xpu_serve.supervision.capture import Capture, Captured, fallback_cause, recover_pending
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.engine import Engine
 from xpu_serve.supervision.eventlog import EventLog
-from xpu_serve.supervision.exits import ExitWatcher
+from xpu_serve.supervision.exits import NO_CONNECTOR_NOTICE, ExitWatcher
 from xpu_serve.supervision.signals import STRAY_SIGNALS, Signals, ignore_from_now_on
-from xpu_serve.supervision.statefile import StateFile
+from xpu_serve.supervision.statefile import StateFile, state_data
 from xpu_serve.supervision.watch import (
     LineWatcher,
     ReadinessWatcher,
     StallWatcher,
     StartupTimeoutWatcher,
+    WatcherTasks,
+    kernel_watcher,
     new_analyzer,
 )
 
@@ -108,7 +110,6 @@ class Supervisor:
         self._stop_requested = self._kill_now = self._restart_requested = False
         self._lock = RuntimeLock(self.runtime_dir)
         self._create_time = cleanup.proc_start_time(os.getpid())  # proves our pid (live_supervisor)
-        self.exits: ExitWatcher | None = None  # opened in run() (the proc connector)
         self.statefile = StateFile(self.runtime_dir, self.log, self._lock, self._state_data)
         self.signals = Signals(self.log, self.request_stop, self.request_restart, self.request_scan)
         self.engine = Engine(
@@ -118,9 +119,10 @@ class Supervisor:
             self.redactor,
             echo_out,
             -1 if engine_umask is None else engine_umask,  # (Popen: -1 = unchanged)
-            protected=lambda: self.exits.pids() if self.exits is not None else set(),
+            protected=lambda: self.exits.pids(),
             stop_requested=lambda: self._stop_requested,
         )
+        self.exits = ExitWatcher(self.engine, self.log, self._on_record, self._accept_fail, self._live)
         self.lines = LineWatcher([], self.engine.on_line)
         self.readiness = ReadinessWatcher(config, self._became_ready)
         # the built-in detectors; the plugged-in watchers run beside them
@@ -129,12 +131,7 @@ class Supervisor:
             self.readiness,
             StartupTimeoutWatcher(config, lambda: self.readiness.last_probe),
         ]
-        self._watch_tasks: list[asyncio.Task[None]] = []
-
-    @property
-    def reaped(self) -> list[int]:
-        """Orphaned zombies reaped as PID 1 (`xpu_serve.reaper`)."""
-        return self.engine.reaped
+        self.tasks = WatcherTasks(self.log)
 
     # ---- requests (signal handlers, tests) -------------------------------------------------
 
@@ -186,67 +183,30 @@ class Supervisor:
         )
 
     def _state_data(self) -> dict[str, Any]:
-        """What state.json holds (docs/supervision.md, "Runtime directory")."""
-        ctx, e = self.ctx, self.config.engine
-        cleanup_info: dict[str, Any] = {"run_id": self.run_id}
-        if ctx is not None:
-            cleanup_info.update(
-                incarnation=ctx.incarnation,
-                pgid=ctx.pgid,
-                pids=[{"pid": p.pid, "create_time": p.started_at} for p in ctx.processes.values()],
-                shm=sorted(ctx.shm_owned),
-                # what appeared since the launch: candidates for the next `up` after a SIGKILL
-                new_segments=sorted(cleanup.snapshot_segments() - ctx.shm_before) if ctx.shm_before else [],
-                started_at=ctx.started_at,
-            )
-        data = status_dict(
+        return state_data(
             self.status(),
+            self.ctx,
+            self.config,
             run_id=self.run_id,
             supervisor_started_at=self.started_at,
             supervisor_create_time=self._create_time,
-            engine={"host": e.host, "port": e.port, "served_model_name": e.served_model_name or e.model},
-            config_path=str(self.config.source_path) if self.config.source_path else None,
-            pgid=ctx.pgid if ctx else None,
             time_to_ready_s=self.time_to_ready_s,
             failures=self.failures,
-            cleanup=cleanup_info,
-            kernel_watch=self._kernel_watch_status(),
+            kernel=kernel_watcher(self.watchers),
             heartbeat_s=self.statefile.heartbeat_s,
         )
-        if ctx is not None:  # ProcessInfo cannot say "exited, status unknown": add exited_at
-            data["processes"] = [
-                dict(vars(p), exited_at=ctx.exited.get(p.pid)) for p in ctx.processes.values()
-            ]
-        return data
-
-    def _kernel_watcher(self) -> Any:
-        """The kernel log watcher among the plugged-in watchers (duck-typed), or None."""
-        for w in self.watchers:
-            if callable(getattr(w, "source_status", None)) and callable(getattr(w, "restart_blocker", None)):
-                return w
-        return None
-
-    def _kernel_watch_status(self) -> dict[str, Any] | None:
-        """`KernelWatcher.source_status()` ({source, reason, overruns}) for state.json and `status`;
-        {"source": None, "reason": "disabled ..."} when no kernel watcher is attached."""
-        kw = self._kernel_watcher()
-        if kw is None:
-            off = not self.config.watchers.kernel.enabled
-            why = "disabled (watchers.kernel.enabled: false)" if off else "no kernel log watcher attached"
-            return {"source": None, "reason": f"kernel log watch {why}", "overruns": 0}
-        try:
-            return dict(kw.source_status())
-        except Exception:
-            return None
 
     def _set_state(self, state: str, reason: str | None = None) -> None:
         self.state, self.reason = state, reason
         self.statefile.write()
-        st = self.status()
+        self._tell("on_state", self.status())
+
+    def _tell(self, method: str, *args: Any) -> None:
+        """Call `method` of every observer; an observer must never break supervision."""
         for ob in self.observers:
             try:
-                ob.on_state(st)
-            except Exception as ex:  # an observer must never break supervision
+                getattr(ob, method)(*args)
+            except Exception as ex:
                 self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
 
     # ---- the run -------------------------------------------------------------------------------
@@ -257,9 +217,12 @@ class Supervisor:
         Raises state.LockedError when another supervisor holds the runtime directory.
         """
         self._lock.acquire()
-        self._refuse_if_predecessor_lives()
-        self._build_plugins()
-        self.exits = ExitWatcher(self.engine, self.log, self._on_record, self._accept_fail, self._live)
+        self.statefile.refuse_if_predecessor_lives()
+        self.watchers, self.observers, ok = _plugins(self.config, *self._plugins_given, self.log)
+        if not ok and not self.watchers:  # (the start-up stall is then watched without phases)
+            self.detectors.append(StallWatcher(self.config, lambda: self.lines.progress))
+        self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
+        self.exits.open()
         loop = asyncio.get_running_loop()
         # As PID 1 (a container without --init) re-parented vLLM orphans would stay zombies.
         services = [self.statefile.heartbeat(), self.exits.serve()] + (
@@ -269,50 +232,12 @@ class Supervisor:
         try:
             return await self._supervise()
         finally:
-            await self._cancel_watchers()
+            await self.tasks.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.exits.shutdown()
             self._lock.release()
-
-    def _build_plugins(self) -> None:
-        """The plugged-in watchers and observers (`plugins`) unless given; a broken plugin must
-        not stop supervision (a warning; the start-up stall is then watched by `StallWatcher`)."""
-        watchers, observers = self._plugins_given
-        if watchers is None or observers is None:
-            from xpu_serve import plugins
-
-            try:
-                self.watchers = plugins.watchers_for(self.config) if watchers is None else watchers
-                self.observers = (
-                    plugins.observers_for(
-                        self.config, self.watchers, warn=lambda m: self.log.emit("warning", m)
-                    )
-                    if observers is None
-                    else observers
-                )
-            except Exception as ex:
-                self.log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
-                if not self.watchers:
-                    self.detectors.append(StallWatcher(self.config, lambda: self.lines.progress))
-        self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
-
-    def _refuse_if_predecessor_lives(self) -> None:
-        """Raise LockedError when the supervisor state.json names still runs (`live_supervisor`:
-        its pid, start time and cmdline) and has not written a final state (stopped, gave-up):
-        its lock file was removed with the runtime directory, and its tree is live, not orphans
-        to stop."""
-        try:
-            prev = read_state(self.runtime_dir)
-        except (OSError, ValueError):
-            return  # (reported by _sweep_previous)
-        # (a supervisor that wrote its final state has released its lock and is exiting)
-        done = prev.get("state") in ("stopped", "gave-up") if prev else True
-        holder = cleanup.live_supervisor(prev) if prev and not done else None
-        if holder is not None:
-            self._lock.release()
-            raise LockedError(self._lock.path, holder, "; it still runs though its lock file was removed")
 
     async def _begin(self) -> None:
         """Say who we are, stop the previous supervisor's orphans, finish its pending bundles."""
@@ -323,20 +248,9 @@ class Supervisor:
             f"engine {' '.join(e.command)} {e.model} on {e.host}:{e.port}",
             run_id=self.run_id,
         )
-        if self.exits is not None and self.exits.connector is None:
-            self.log.emit(
-                "notice",
-                "exit statuses of EngineCore and workers: from /proc only (the kernel's proc connector "
-                "is not available here: a container, or CAP_NET_ADMIN on kernels before 6.6); "
-                "a status may be reported as unknown",
-            )
-        try:
-            prev = read_state(self.runtime_dir)
-        except ValueError as ex:
-            self.log.emit("warning", str(ex))
-            prev = None
-        if prev:
-            await self.engine.sweep_previous(prev, self.runtime_dir)
+        if self.exits.connector is None:
+            self.log.emit("notice", NO_CONNECTOR_NOTICE)
+        await self.engine.sweep_previous(self.runtime_dir)
         await recover_pending(self.runtime_dir, self.config, self.log, self.observers)
 
     # ---- the state loop (docs/supervision.md, "States") ----------------------------------------
@@ -412,20 +326,17 @@ class Supervisor:
             incarnation=ctx.incarnation,
             pid=ctx.pgid,
         )
-        assert self.exits is not None
         self.exits.start(ctx)
         loop = asyncio.get_running_loop()
         discovery = loop.create_task(self.engine.discover(ctx, self.exits.watch, self.statefile.write))
-        self._watch_tasks = [
-            loop.create_task(self._run_watcher(w, ctx)) for w in [self.exits, *self.detectors, *self.watchers]
-        ]
+        self.tasks.start(ctx, [self.exits, *self.detectors, *self.watchers])
         try:
             await self._wake.wait()
         finally:
             discovery.cancel()
             await asyncio.gather(discovery, return_exceptions=True)
             if ctx.trigger is None:  # stop or planned restart: nothing left to capture
-                await self._cancel_watchers()
+                await self.tasks.cancel()
         return ctx
 
     def _new_incarnation(self, log_dir: Path) -> Incarnation:
@@ -443,24 +354,6 @@ class Supervisor:
             _loop=asyncio.get_running_loop(),
             _thread=threading.get_ident(),
         )
-
-    async def _run_watcher(self, w: Watcher, ctx: Incarnation) -> None:
-        try:
-            await w.run(ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as ex:
-            self.log.emit(
-                "warning", f"watcher {getattr(w, 'name', type(w).__name__)} failed: {type(ex).__name__}: {ex}"
-            )
-
-    async def _cancel_watchers(self) -> None:
-        """Cancel the current incarnation's watcher tasks and wait for them (idempotent)."""
-        tasks, self._watch_tasks = self._watch_tasks, []
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _became_ready(self, ctx: Incarnation, url: str) -> None:
         """starting -> ready (`ReadinessWatcher`)."""
@@ -500,7 +393,7 @@ class Supervisor:
         ctx = self.ctx
         if ctx is None or ctx.trigger is not None or not self._live():
             return
-        if trigger.kind == "process-exit" or self.exits is None or not self.exits.hold(ctx, trigger):
+        if trigger.kind == "process-exit" or not self.exits.hold(ctx, trigger):
             self._accept_fail(trigger)
 
     def _accept_fail(self, trigger: Trigger) -> None:
@@ -510,23 +403,11 @@ class Supervisor:
             return
         ctx.trigger = trigger
         ctx.failed.set()
-        lat_ms = (time.time() - trigger.at) * 1000
         self.state = "failed"
         self.log.emit(
             "failed",
             f"incarnation {ctx.incarnation}: {trigger.detail} ({trigger.kind})",
-            incarnation=ctx.incarnation,
-            trigger=trigger.kind,
-            process=trigger.process,
-            rank=trigger.rank,
-            pid=trigger.pid,
-            signal=trigger.signal,
-            exit_code=trigger.exit_code,
-            at=trigger.at,
-            at_source=trigger.at_source,
-            detected_at=trigger.detected_at if trigger.detected_at is not None else trigger.at,
-            loop_stall_s=trigger.loop_stall_s,
-            detect_ms=round(lat_ms, 3),
+            **_failed_fields(ctx, trigger),
         )
         self._set_state("failed")
         self._wake.set()
@@ -556,17 +437,13 @@ class Supervisor:
         }
         self.statefile.write()
         capture.announce(ctx, got)
-        for ob in self.observers:
-            try:
-                ob.on_incident(got.contract, got.bundle)
-            except Exception as ex:
-                self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
+        self._tell("on_incident", got.contract, got.bundle)
         return got
 
     async def _stopping(self, ctx: Incarnation) -> None:
         """Stop the tree, sweep, verify, remove leftovers, wait for the port (`Engine.stop`).
         After a hang verdict, whose evidence is captured, what cannot exit gets SIGKILL early."""
-        await self._cancel_watchers()
+        await self.tasks.cancel()
         self._set_state("stopping")
         hang = ctx.trigger is not None and fallback_cause(ctx.trigger) == "engine-hang"
         await self.engine.stop(ctx, self._kill_now, hang, self.lines.drain)
@@ -586,29 +463,15 @@ class Supervisor:
                     code, f"{cause}: {got.contract.get('summary') or trig.detail} (a restart cannot fix this)"
                 )
             return self._give_up(code, f"{d.reason}; last cause: {cause}")
-        kw = self._kernel_watcher()
-        blocker = backoff.restart_blocker(kw, self.log)
-        self.next_restart_at = time.time() + d.delay_s
-        self._set_state("backoff", blocker)
-        self.log.emit(
-            "restart-scheduled",
-            f"restart in {d.delay_s:.2f} s ({d.reason}; cause {cause})"
-            + (f"; held until the device is ready: {blocker}" if blocker else ""),
-            delay_s=round(d.delay_s, 3),
-            ceiling_s=d.ceiling_s,
-            cause=cause,
-            blocker=blocker,
-        )
         self._wake.clear()
         if self._restart_requested:  # SIGHUP while capturing: restart now
             self._wake.set()
 
-        def held() -> None:
-            self.next_restart_at = None
+        def show(next_restart_at: float | None, blocker: str | None) -> None:
+            self.next_restart_at = next_restart_at
             self._set_state("backoff", blocker)
-            self.log.emit("restart-held", f"restart held: {blocker}", reason=blocker)
 
-        forced = await backoff.wait(d.delay_s, blocker, kw, self._wake, self.log, held)
+        forced = await backoff.run(d, cause, kernel_watcher(self.watchers), self._wake, self.log, show)
         self.next_restart_at = None
         if self._stop_requested:
             return self._stopped()
@@ -617,6 +480,43 @@ class Supervisor:
         self._restart_requested = False
         self.restarts += 1
         return None
+
+
+def _plugins(
+    config: Config, watchers: list[Watcher] | None, observers: list[Observer] | None, log: EventLog
+) -> tuple[list[Watcher], list[Observer], bool]:
+    """The plugged-in watchers and observers (`plugins.watchers_for`, `observers_for`) unless
+    given; False when building them failed (one warning: a broken plugin must not stop
+    supervision)."""
+    from xpu_serve import plugins
+
+    got_w, got_o = watchers or [], observers or []
+    try:
+        got_w = plugins.watchers_for(config) if watchers is None else watchers
+        if observers is None:
+            got_o = plugins.observers_for(config, got_w, warn=lambda m: log.emit("warning", m))
+    except Exception as ex:
+        log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
+        return got_w, got_o, False
+    return got_w, got_o, True
+
+
+def _failed_fields(ctx: Incarnation, trigger: Trigger) -> dict[str, Any]:
+    """The fields of the `failed` event: the trigger, when the death happened and was seen."""
+    return dict(
+        incarnation=ctx.incarnation,
+        trigger=trigger.kind,
+        process=trigger.process,
+        rank=trigger.rank,
+        pid=trigger.pid,
+        signal=trigger.signal,
+        exit_code=trigger.exit_code,
+        at=trigger.at,
+        at_source=trigger.at_source,
+        detected_at=trigger.detected_at if trigger.detected_at is not None else trigger.at,
+        loop_stall_s=trigger.loop_stall_s,
+        detect_ms=round((time.time() - trigger.at) * 1000, 3),
+    )
 
 
 def run_supervisor(

@@ -5,10 +5,12 @@ backoff alongside the delay)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 from xpu_serve import aio
+from xpu_serve.restart_policy import Decision
 from xpu_serve.supervision.eventlog import EventLog
 
 # Seconds between runs of `watchers.kernel.device_check` while a wedged device holds the restart.
@@ -26,7 +28,38 @@ def restart_blocker(kernel: Any, log: EventLog) -> str | None:
         return None
 
 
-async def wait(
+async def run(
+    d: Decision,
+    cause: str,
+    kernel: Any,
+    wake: asyncio.Event,
+    log: EventLog,
+    show: Callable[[float | None, str | None], None],
+) -> bool:
+    """The backoff after a failure of `cause`: the policy's delay (`d.delay_s`), then, while the
+    kernel watcher (`kernel`, or None) says the device is wedged, until its device check passes;
+    `wake` (stop, SIGHUP) ends it at once. `show(next_restart_at, reason)` publishes the state
+    (epoch s, or None while held). True when it was ended before the device check passed."""
+    blocker = restart_blocker(kernel, log)
+    show(time.time() + d.delay_s, blocker)
+    log.emit(
+        "restart-scheduled",
+        f"restart in {d.delay_s:.2f} s ({d.reason}; cause {cause})"
+        + (f"; held until the device is ready: {blocker}" if blocker else ""),
+        delay_s=round(d.delay_s, 3),
+        ceiling_s=d.ceiling_s,
+        cause=cause,
+        blocker=blocker,
+    )
+
+    def held() -> None:
+        show(None, blocker)
+        log.emit("restart-held", f"restart held: {blocker}", reason=blocker)
+
+    return await _wait(d.delay_s, blocker, kernel, wake, log, held)
+
+
+async def _wait(
     delay_s: float,
     blocker: str | None,
     kernel: Any,
@@ -34,9 +67,8 @@ async def wait(
     log: EventLog,
     held: Callable[[], None],
 ) -> bool:
-    """Wait `delay_s` seconds, then, with a `blocker`, until the device check passes; `wake`
-    (stop, SIGHUP) ends the wait at once. `held()` is called when the delay is over but the
-    device is not ready. True when the wait was ended before the device check passed."""
+    """Wait `delay_s` seconds, then, with a `blocker`, until the device check passes (`held()`
+    is called then); `wake` ends the wait at once. True when it ended before the check passed."""
     ready = (
         asyncio.get_running_loop().create_task(kernel.wait_device_ready(DEVICE_CHECK_INTERVAL_S))
         if blocker

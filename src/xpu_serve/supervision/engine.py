@@ -28,7 +28,7 @@ from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor, secrets_in_argv, secrets_in_env
 from xpu_serve.sources import processes as proc_src
 from xpu_serve.sources.vllm_output import LogPump
-from xpu_serve.state import LockedError
+from xpu_serve.state import LockedError, read_state
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 from xpu_serve.vllm_command import render
@@ -361,12 +361,19 @@ class Engine:
 
     # ---- the previous supervisor's orphans ---------------------------------------------------
 
-    async def sweep_previous(self, prev: dict[str, Any], runtime_dir: Path) -> None:
-        """Stop what the previous supervisor of this runtime directory left running (`prev`: its
-        state.json) and remove its segments. Only processes proven its are touched: the marker
+    async def sweep_previous(self, runtime_dir: Path) -> None:
+        """Stop what the previous supervisor of this runtime directory left running (its
+        state.json says what) and remove its segments; a malformed state.json is a warning. Only processes proven its are touched: the marker
         XPU_SERVE_RUN_ID=<old run id> in their environ, or the start time recorded for their pid;
         the old process group only while its leader is proven (its id is reused once the leader
         and its group are gone)."""
+        try:
+            prev = read_state(runtime_dir)
+        except ValueError as ex:
+            self.log.emit("warning", str(ex))
+            return
+        if not prev:
+            return
         info = prev.get("cleanup")
         info = info if isinstance(info, dict) else {}
         old_run, pgid, starts = _previous_tree(info)

@@ -33,6 +33,11 @@ EXIT_WINDOW_S = 0.15
 # starved of CPU) makes a process exit seen at its end only "no later than" then (`LoopClock.stall`).
 TICK_S = 0.25
 LOOP_STALL_S = 1.0
+NO_CONNECTOR_NOTICE = (
+    "exit statuses of EngineCore and workers: from /proc only (the kernel's proc connector "
+    "is not available here: a container, or CAP_NET_ADMIN on kernels before 6.6); "
+    "a status may be reported as unknown"
+)
 # Deaths no process inflicts on itself in reaction to a peer's death: a fault (the CPU's or
 # the driver's) or a kill from outside (the OOM killer, an operator). SIGABRT, SIGTERM and exit
 # codes are how oneCCL, NCCL and vLLM's executor react to a dead peer.
@@ -91,13 +96,7 @@ class ExitWatcher:
     ):
         self.engine, self.log, self._record, self._accept, self._live = engine, log, record, accept, live
         self.clock = LoopClock()
-        self.connector = (
-            proc_src.ProcConnector.open() if os.environ.get("XPU_SERVE_PROC_CONNECTOR") != "0" else None
-        )
-        if self.connector is not None:
-            # Drained lazily (each exit report drains it) plus once a second so the socket buffer
-            # never overflows: waking the loop for every process exit on a busy host costs more.
-            self.connector.interest = set()
+        self.connector: proc_src.ProcConnector | None = None  # `open()`
         self.ctx: Incarnation | None = None
         self._watch: proc_src.ExitWatch | None = None
         self._reset()
@@ -114,6 +113,16 @@ class ExitWatcher:
         self._dying_at: dict[int, float] = {}
 
     # ---- lifetime ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Subscribe to the kernel's proc connector when allowed (env XPU_SERVE_PROC_CONNECTOR=0:
+        never); without it EngineCore's and the workers' statuses come from /proc."""
+        if os.environ.get("XPU_SERVE_PROC_CONNECTOR") != "0":
+            self.connector = proc_src.ProcConnector.open()
+        if self.connector is not None:
+            # Drained lazily (each exit report drains it) plus once a second so the socket buffer
+            # never overflows: waking the loop for every process exit on a busy host costs more.
+            self.connector.interest = set()
 
     async def serve(self) -> None:
         """For the supervisor's life: the loop clock and the proc connector's periodic drain."""
@@ -164,6 +173,7 @@ class ExitWatcher:
         self.close()
         if self.connector is not None:
             self.connector.close()
+            self.connector = None
 
     # ---- exits -------------------------------------------------------------------------------
 

@@ -26,9 +26,10 @@ from typing import Any
 from xpu_serve import facts
 from xpu_serve.config import Config
 from xpu_serve.events import Event
-from xpu_serve.incarnation import Trigger
+from xpu_serve.incarnation import Trigger, Watcher
 from xpu_serve.sources import health as health_src
 from xpu_serve.supervision.context import Incarnation
+from xpu_serve.supervision.eventlog import EventLog
 
 
 def new_analyzer() -> Any:
@@ -50,6 +51,15 @@ def is_fatal(analyzer: Any, ev: Any) -> bool:
     return bool(fn(ev)) if callable(fn) else False
 
 
+def kernel_watcher(watchers: list[Any]) -> Any:
+    """The kernel log watcher among the plugged-in watchers (by what it can do: `source_status`
+    and `restart_blocker`, `watchers.KernelWatcher`), or None."""
+    for w in watchers:
+        if callable(getattr(w, "source_status", None)) and callable(getattr(w, "restart_blocker", None)):
+            return w
+    return None
+
+
 async def until_failed(ctx: Incarnation, aw: Awaitable[None]) -> None:
     """Run `aw` until it returns or the incarnation failed (it is then cancelled); its exception
     propagates."""
@@ -63,6 +73,38 @@ async def until_failed(ctx: Incarnation, aw: Awaitable[None]) -> None:
         for t in (task, failed):
             t.cancel()
         await asyncio.gather(task, failed, return_exceptions=True)
+
+
+class WatcherTasks:
+    """The watcher tasks of the current incarnation: they outlive the trigger (evidence that
+    arrives while capturing is still recorded) and are cancelled just before the stop. A
+    watcher that raises is one `warning` event; supervision goes on."""
+
+    def __init__(self, log: EventLog):
+        self.log = log
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, ctx: Incarnation, watchers: list[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(w, ctx)) for w in watchers]
+
+    async def _run(self, w: Watcher, ctx: Incarnation) -> None:
+        try:
+            await w.run(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as ex:
+            self.log.emit(
+                "warning", f"watcher {getattr(w, 'name', type(w).__name__)} failed: {type(ex).__name__}: {ex}"
+            )
+
+    async def cancel(self) -> None:
+        """Cancel the tasks and wait for them (idempotent)."""
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class LineWatcher:
