@@ -47,6 +47,7 @@ from xpu_serve.supervision.watch import (
     WatcherTasks,
     kernel_watcher,
     new_analyzer,
+    wake_all,
 )
 
 __all__ = ["STRAY_SIGNALS", "EventLog", "Supervisor", "run_supervisor"]
@@ -132,6 +133,14 @@ class Supervisor:
             StartupTimeoutWatcher(config, lambda: self.readiness.last_probe),
         ]
         self.tasks = WatcherTasks(self.log)
+        self.capture = Capture(
+            self.log,
+            self.run_id,
+            self.watchers,
+            lambda: self.lines.progress,
+            self.lines.drain,
+            self.engine.prove_segments,
+        )
 
     # ---- requests (signal handlers, tests) -------------------------------------------------
 
@@ -155,11 +164,7 @@ class Supervisor:
     def request_scan(self) -> None:
         """SIGUSR1 (`xpu-serve bundle` dropped a request): wake every watcher that has `wake()`
         (the bundle-request watcher scans its folder once)."""
-        for w in self.watchers:
-            fn = getattr(w, "wake", None)
-            if callable(fn):
-                with contextlib.suppress(Exception):
-                    fn()
+        wake_all(self.watchers)
 
     def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         """SIGTERM/SIGINT stop, SIGHUP planned restart, SIGUSR1 bundle requests, stray signals
@@ -201,13 +206,17 @@ class Supervisor:
         self.statefile.write()
         self._tell("on_state", self.status())
 
-    def _tell(self, method: str, *args: Any) -> None:
-        """Call `method` of every observer; an observer must never break supervision."""
+    def _tell(self, method: str, *args: Any, quiet: bool = False) -> None:
+        """Call `method` of every observer that has it; an observer must never break supervision
+        (a failure is a warning, or, `quiet`, ignored: `on_event` runs for every record)."""
         for ob in self.observers:
+            fn = getattr(ob, method, None)
             try:
-                getattr(ob, method)(*args)
+                if callable(fn):
+                    fn(*args)
             except Exception as ex:
-                self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
+                if not quiet:
+                    self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
 
     # ---- the run -------------------------------------------------------------------------------
 
@@ -221,6 +230,7 @@ class Supervisor:
         self.watchers, self.observers, ok = _plugins(self.config, *self._plugins_given, self.log)
         if not ok and not self.watchers:  # (the start-up stall is then watched without phases)
             self.detectors.append(StallWatcher(self.config, lambda: self.lines.progress))
+        self.capture.watchers = self.watchers
         self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
         self.exits.open()
         loop = asyncio.get_running_loop()
@@ -381,11 +391,7 @@ class Supervisor:
         if ctx is not None and ctx.analyzer is not None:
             with contextlib.suppress(Exception):
                 ctx.analyzer.add_event(event)
-        for ob in self.observers:
-            fn = getattr(ob, "on_event", None)
-            if callable(fn):
-                with contextlib.suppress(Exception):
-                    fn(event)
+        self._tell("on_event", event, quiet=True)
 
     def _on_fail(self, trigger: Trigger) -> None:
         """A watcher's trigger (the first one wins). A trigger other than a process exit waits
@@ -418,25 +424,10 @@ class Supervisor:
         """Record the incident (analysis and bundle) before anything is killed; tell observers."""
         assert ctx.trigger is not None
         self._set_state("capturing", ctx.trigger.detail)
-        capture = Capture(
-            self.log,
-            self.run_id,
-            self.watchers,
-            lambda: self.lines.progress,
-            self.lines.drain,
-            self.engine.prove_segments,
-        )
-        got = await capture.run(ctx, self.restarts)
-        summary = got.contract.get("summary")
-        cause = got.contract.get("cause", "unknown")
-        self.last_incident = {
-            "cause": cause,
-            "time": ctx.trigger.at,
-            "bundle": got.bundle,
-            "summary": summary,
-        }
+        got = await self.capture.run(ctx, self.restarts)
+        self.last_incident = got.last_incident(ctx.trigger.at)
         self.statefile.write()
-        capture.announce(ctx, got)
+        self.capture.announce(ctx, got)
         self._tell("on_incident", got.contract, got.bundle)
         return got
 
@@ -503,20 +494,14 @@ def _plugins(
 
 def _failed_fields(ctx: Incarnation, trigger: Trigger) -> dict[str, Any]:
     """The fields of the `failed` event: the trigger, when the death happened and was seen."""
-    return dict(
-        incarnation=ctx.incarnation,
-        trigger=trigger.kind,
-        process=trigger.process,
-        rank=trigger.rank,
-        pid=trigger.pid,
-        signal=trigger.signal,
-        exit_code=trigger.exit_code,
-        at=trigger.at,
-        at_source=trigger.at_source,
-        detected_at=trigger.detected_at if trigger.detected_at is not None else trigger.at,
-        loop_stall_s=trigger.loop_stall_s,
-        detect_ms=round((time.time() - trigger.at) * 1000, 3),
+    fields: dict[str, Any] = {"incarnation": ctx.incarnation, "trigger": trigger.kind}
+    fields.update(
+        (k, getattr(trigger, k)) for k in ("process", "rank", "pid", "signal", "exit_code", "at", "at_source")
     )
+    fields["detected_at"] = trigger.detected_at if trigger.detected_at is not None else trigger.at
+    fields["loop_stall_s"] = trigger.loop_stall_s
+    fields["detect_ms"] = round((time.time() - trigger.at) * 1000, 3)
+    return fields
 
 
 def run_supervisor(

@@ -40,6 +40,16 @@ class Captured:
     incident: Any
     bundle: str | None
 
+    def last_incident(self, at: float) -> dict[str, Any]:
+        """state.json's `last_incident` of an incident whose trigger fired at `at` (epoch s)."""
+        c = self.contract
+        return {
+            "cause": c.get("cause", "unknown"),
+            "time": at,
+            "bundle": self.bundle,
+            "summary": c.get("summary"),
+        }
+
 
 class Capture:
     """Settle, flush, analyse, bundle: `await run(ctx, restarts)`.

@@ -363,10 +363,10 @@ class Engine:
 
     async def sweep_previous(self, runtime_dir: Path) -> None:
         """Stop what the previous supervisor of this runtime directory left running (its
-        state.json says what) and remove its segments; a malformed state.json is a warning. Only processes proven its are touched: the marker
-        XPU_SERVE_RUN_ID=<old run id> in their environ, or the start time recorded for their pid;
-        the old process group only while its leader is proven (its id is reused once the leader
-        and its group are gone)."""
+        state.json says what) and remove its segments; a malformed state.json is a warning.
+        Only processes proven its are touched: the marker XPU_SERVE_RUN_ID=<old run id> in their
+        environ, or the start time recorded for their pid; the old process group only while its
+        leader is proven (its id is reused once the leader and its group are gone)."""
         try:
             prev = read_state(runtime_dir)
         except ValueError as ex:
@@ -395,6 +395,22 @@ class Engine:
             )
             if rep.left:
                 self.log.emit("warning", f"could not stop orphan(s) {rep.left}")
+        self._remove_previous_segments(info, old_run, orphan_shm, orphan_starts)
+        note = _unclean_end(prev, old_run, runtime_dir)
+        if note is not None:
+            self.log.emit(
+                "orphans",
+                note,
+                previous_state=prev.get("state"),
+                previous_incarnation=prev.get("incarnation"),
+            )
+
+    def _remove_previous_segments(
+        self, info: dict[str, Any], old_run: str | None, orphan_shm: set[str], orphan_starts: list[float]
+    ) -> None:
+        """Remove the previous run's segments (`info`: its state.json `cleanup`) and those its
+        orphans mapped (`orphan_shm`); what is not proven its is looked at again after our first
+        incarnation."""
         started = info.get("started_at")
         seg = cleanup.remove_segments(
             None,
@@ -415,16 +431,7 @@ class Engine:
                 removed=seg.removed,
                 kept=seg.kept,
             )
-        # what we could not attribute now is looked at again after our first incarnation
         self._carry_candidates = set(seg.kept)
-        note = _unclean_end(prev, old_run, runtime_dir)
-        if note is not None:
-            self.log.emit(
-                "orphans",
-                note,
-                previous_state=prev.get("state"),
-                previous_incarnation=prev.get("incarnation"),
-            )
 
 
 def _previous_tree(info: dict[str, Any]) -> tuple[str | None, int | None, dict[int, float]]:

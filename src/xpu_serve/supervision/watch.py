@@ -60,6 +60,16 @@ def kernel_watcher(watchers: list[Any]) -> Any:
     return None
 
 
+def wake_all(watchers: list[Any]) -> None:
+    """Call `wake()` of every watcher that has one (SIGUSR1: the bundle-request watcher scans
+    its folder once); a watcher's error is ignored."""
+    for w in watchers:
+        fn = getattr(w, "wake", None)
+        if callable(fn):
+            with contextlib.suppress(Exception):
+                fn()
+
+
 async def until_failed(ctx: Incarnation, aw: Awaitable[None]) -> None:
     """Run `aw` until it returns or the incarnation failed (it is then cancelled); its exception
     propagates."""
@@ -231,6 +241,18 @@ def _health_failed(ctx: Incarnation, n: int, detail: str) -> None:
     ctx.fail(Trigger(kind="health", detail=ev.text, at=time.time(), event=ev))
 
 
+async def _while_starting(ctx: Incarnation, config: Config, check: Callable[[], Trigger | None]) -> None:
+    """Until `ctx` is ready or failed, every min(0.25 s, `supervision.health.interval_s`): fail
+    it with the trigger `check()` returns, if any."""
+    poll = min(0.25, config.supervision.health.interval_s)
+    while ctx.ready_at is None and ctx.trigger is None:
+        trig = check()
+        if trig is not None:
+            ctx.fail(trig)
+            return
+        await asyncio.sleep(poll)
+
+
 class StartupTimeoutWatcher:
     """Fails an incarnation not ready `supervision.startup.timeout_s` after its launch; the
     detail quotes the last readiness probe (`last_probe()`)."""
@@ -242,14 +264,15 @@ class StartupTimeoutWatcher:
 
     async def run(self, ctx: Incarnation) -> None:
         timeout_s = self.config.supervision.startup.timeout_s
-        poll = min(0.25, self.config.supervision.health.interval_s)
         t0 = time.monotonic()
-        while ctx.ready_at is None and ctx.trigger is None:
-            if time.monotonic() - t0 > timeout_s:
-                detail = f"not ready after {timeout_s:g} s (last probe: {self._last_probe()})"
-                ctx.fail(Trigger(kind="startup-timeout", at=time.time(), detail=detail))
-                return
-            await asyncio.sleep(poll)
+
+        def check() -> Trigger | None:
+            if time.monotonic() - t0 <= timeout_s:
+                return None
+            detail = f"not ready after {timeout_s:g} s (last probe: {self._last_probe()})"
+            return Trigger(kind="startup-timeout", at=time.time(), detail=detail)
+
+        await _while_starting(ctx, self.config, check)
 
 
 class StallWatcher:
@@ -262,20 +285,13 @@ class StallWatcher:
         self.config, self._progress = config, progress
 
     async def run(self, ctx: Incarnation) -> None:
-        stall_s = self.config.supervision.startup.stall_s
-        poll = min(0.25, self.config.supervision.health.interval_s)
-        while ctx.ready_at is None and ctx.trigger is None:
+        def check() -> Trigger | None:
             stalled = time.monotonic() - self._progress()
-            if stalled > stall_s:
-                ev: Event = facts.startup_stall(stalled, "unknown", [])
-                ctx.record(ev)
-                ctx.fail(
-                    Trigger(
-                        kind="startup-stall",
-                        at=time.time(),
-                        event=ev,
-                        detail=f"no start-up progress for {stalled:.1f} s",
-                    )
-                )
-                return
-            await asyncio.sleep(poll)
+            if stalled <= self.config.supervision.startup.stall_s:
+                return None
+            ev: Event = facts.startup_stall(stalled, "unknown", [])
+            ctx.record(ev)
+            detail = f"no start-up progress for {stalled:.1f} s"
+            return Trigger(kind="startup-stall", at=time.time(), event=ev, detail=detail)
+
+        await _while_starting(ctx, self.config, check)
