@@ -111,26 +111,30 @@ class Supervisor:
         self._stop_requested = self._kill_now = self._restart_requested = False
         self._lock = RuntimeLock(self.runtime_dir)
         self._create_time = cleanup.proc_start_time(os.getpid())  # proves our pid (live_supervisor)
+        self._wire(echo_out, -1 if engine_umask is None else engine_umask)
+
+    def _wire(self, echo_out: TextIO | None, engine_umask: int) -> None:
+        """The collaborators, each with one job (`xpu_serve.supervision`)."""
         self.statefile = StateFile(self.runtime_dir, self.log, self._lock, self._state_data)
         self.signals = Signals(self.log, self.request_stop, self.request_restart, self.request_scan)
         self.engine = Engine(
-            config,
+            self.config,
             self.run_id,
             self.log,
             self.redactor,
             echo_out,
-            -1 if engine_umask is None else engine_umask,  # (Popen: -1 = unchanged)
+            engine_umask,  # (Popen: -1 = unchanged)
             protected=lambda: self.exits.pids(),
             stop_requested=lambda: self._stop_requested,
         )
         self.exits = ExitWatcher(self.engine, self.log, self._on_record, self._accept_fail, self._live)
         self.lines = LineWatcher([], self.engine.on_line)
-        self.readiness = ReadinessWatcher(config, self._became_ready)
+        self.readiness = ReadinessWatcher(self.config, self._became_ready)
         # the built-in detectors; the plugged-in watchers run beside them
         self.detectors: list[Any] = [
             self.lines,
             self.readiness,
-            StartupTimeoutWatcher(config, lambda: self.readiness.last_probe),
+            StartupTimeoutWatcher(self.config, lambda: self.readiness.last_probe),
         ]
         self.tasks = WatcherTasks(self.log)
         self.capture = Capture(
