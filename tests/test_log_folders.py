@@ -1,11 +1,11 @@
-"""Log folders of earlier runs: `supervisor.set_aside_old_logs` on real directories."""
+"""Log folders of earlier runs: `logdirs.set_aside_old_logs` on real directories."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from xpu_serve import recovery
-from xpu_serve.supervisor import set_aside_old_logs
+from xpu_serve.logdirs import set_aside_old_logs
 
 
 def _folder(p: Path, text: str, pending: bool = False) -> Path:

@@ -20,7 +20,7 @@ from xpu_serve.config import interpolate, load_config
 from xpu_serve.diagnosis import Analyzer
 from xpu_serve.incarnation import ProcessInfo
 from xpu_serve.sim.kernel import segfault_records, write_records
-from xpu_serve.supervisor import _is_fatal
+from xpu_serve.supervision.watch import is_fatal
 from xpu_serve.watchers import KernelWatcher
 
 from .test_kernel_source import Ctx, make_config, spawn_with_comm
@@ -112,14 +112,14 @@ def test_fatal_lines_come_from_the_signature_table() -> None:
     fatal = an.feed_line(
         "(EngineCore_DP0 pid=2390) ERROR 11-06 19:52:03 [core.py:708] EngineCore encountered a fatal error."
     )
-    assert fatal is not None and _is_fatal(an, fatal)
+    assert fatal is not None and is_fatal(an, fatal)
     assert an.table.by_id[fatal.signature].extra.get("fatal") is True
     not_fatal = an.feed_line(
         "(EngineCore_DP0 pid=2390) ERROR 11-06 19:52:03 [core.py:718] RuntimeError: Native API failed. "
         "Native API returns: 20 (UR_RESULT_ERROR_DEVICE_LOST)"
     )
-    assert not_fatal is not None and not _is_fatal(an, not_fatal)
-    assert not _is_fatal(an, None)
+    assert not_fatal is not None and not is_fatal(an, not_fatal)
+    assert not is_fatal(an, None)
     fatal_ids = {sid for sid, sig in an.table.by_id.items() if sig.extra.get("fatal")}
     assert {"engine-core-fatal", "engine-dead-error", "engine-core-failed-start"} <= fatal_ids
 
@@ -198,7 +198,7 @@ def test_exit_burst_ranking_and_the_exiting_flag() -> None:
     """The trigger of an exit burst: the earliest abnormal death (signal or non-zero code), before
     unknown statuses and clean exit-0 teardowns; a zombie or gone pid counts as exiting."""
     from xpu_serve.incarnation import Trigger
-    from xpu_serve.supervisor import _exit_rank, _exiting
+    from xpu_serve.supervision.exits import exit_rank, exiting
 
     def t(name: str, at: float, code: int | None = None, sig: str | None = None) -> Trigger:
         return Trigger(kind="process-exit", detail=name, at=at, process=name, exit_code=code, signal=sig)
@@ -209,24 +209,24 @@ def test_exit_burst_ranking_and_the_exiting_flag() -> None:
         t("APIServer", 2.0, sig="SIGKILL"),
         t("Worker_TP0", 3.0, code=1),
     ]
-    assert min(burst, key=_exit_rank).process == "APIServer"
-    assert min(burst[:2], key=_exit_rank).process == "EngineCore"  # unknown before a clean exit
-    assert min([*burst, t("Worker_TP2", 1.5, code=1)], key=_exit_rank).process == "Worker_TP2"
+    assert min(burst, key=exit_rank).process == "APIServer"
+    assert min(burst[:2], key=exit_rank).process == "EngineCore"  # unknown before a clean exit
+    assert min([*burst, t("Worker_TP2", 1.5, code=1)], key=exit_rank).process == "Worker_TP2"
     # dated alike (still exiting when a peer's exit came): the outside kill or the fault, not the
     # abort it caused, whichever was reported first; a later fault stays after an earlier abort
     alike = [t("Worker_TP3", 4.0, sig="SIGABRT"), t("Worker_TP0", 4.0, sig="SIGKILL"), t("Worker_TP1", 4.0, code=1)]
-    assert min(alike, key=_exit_rank).process == "Worker_TP0"
-    assert min([*alike[:1], t("Worker_TP2", 4.0, sig="SIGSEGV")], key=_exit_rank).process == "Worker_TP2"
-    assert min([*alike[:1], t("Worker_TP0", 4.1, sig="SIGSEGV")], key=_exit_rank).process == "Worker_TP3"
+    assert min(alike, key=exit_rank).process == "Worker_TP0"
+    assert min([*alike[:1], t("Worker_TP2", 4.0, sig="SIGSEGV")], key=exit_rank).process == "Worker_TP2"
+    assert min([*alike[:1], t("Worker_TP0", 4.1, sig="SIGSEGV")], key=exit_rank).process == "Worker_TP3"
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert not _exiting(p.pid)
+        assert not exiting(p.pid)
         os.kill(p.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while not _exiting(p.pid) and time.monotonic() < deadline:  # a zombie until reaped
+        while not exiting(p.pid) and time.monotonic() < deadline:  # a zombie until reaped
             time.sleep(0.01)
-        assert _exiting(p.pid)
+        assert exiting(p.pid)
     finally:
         p.kill()
         p.wait()
@@ -238,7 +238,7 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     cpu-tp2-worker0-segv log, names the signal. Another process, or a known status, is left alone."""
     from xpu_serve.diagnosis import diagnose_files
     from xpu_serve.incarnation import Trigger
-    from xpu_serve.supervisor import signal_from_verdict
+    from xpu_serve.supervision.capture import signal_from_verdict
 
     real = Path(__file__).parent / "fixtures" / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
     contract = diagnose_files([real]).to_contract()
@@ -266,7 +266,7 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
 def test_event_log_levels_and_journald_priority_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json as _json
 
-    from xpu_serve.supervisor import EventLog
+    from xpu_serve.supervision.eventlog import EventLog
 
     out = tmp_path / "stderr.txt"
     with open(out, "w") as stream:

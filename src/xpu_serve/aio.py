@@ -3,8 +3,8 @@
 On Python < 3.12, `asyncio.wait_for(aw, timeout)` swallows a cancellation that arrives in the same
 loop iteration as `aw` completing (cpython gh-86296, fixed in 3.12 by rewriting wait_for on
 `asyncio.timeout`): the caller's task goes on as if it had not been cancelled. A supervisor loop
-waiting on an event that the failure path sets while it also cancels the loop (`_discover` when an
-incarnation dies in its first second) then never ends, and `up` hangs in state `failed`.
+waiting on an event that the failure path sets while it also cancels the loop (`Engine.discover`
+when an incarnation dies in its first second) then never ends, and `up` hangs in state `failed`.
 Measured in tests/test_aio.py: 200 of 200 such races lost the cancellation with
 `asyncio.wait_for` on 3.11; none with `wait_for` below.
 """

@@ -1,6 +1,6 @@
 """Contracts between the supervisor and what plugs into it (watchers, observers, bundles).
 
-The supervisor (`supervisor.py`) owns the state machine; everything else talks to it only
+The supervisor (`supervisor.py`, its collaborators in `supervision/`) owns the state machine; everything else talks to it only
 through these types:
 
 - a `Watcher` runs as an asyncio task for the life of one incarnation and may call

@@ -1,5 +1,5 @@
 """Retention of RUNTIME/logs/: one folder per incarnation (`N`), earlier runs' folders set aside
-(`N.prev`, `N.prev.K`, `supervisor.set_aside_old_logs`).
+(`N.prev`, `N.prev.K`, `set_aside_old_logs`).
 
 With real vLLM one incarnation's folder can reach 64 MiB x 6 (vllm.log and its rotations) plus
 the per-process logs, so a slow crash loop would fill the disk. `prune_logs` keeps the newest
@@ -80,3 +80,38 @@ def _remove(d: Path, rep: PruneReport) -> bool:
         return False
     rep.removed.append(d.name)
     return True
+
+
+def set_aside_old_logs(log_dir: Path) -> Path | None:
+    """Move RUNTIME/logs/N left by an earlier supervisor run out of the way; returns where to.
+
+    Every run numbers its incarnations from 1, so without this a new run (a systemd restart, the
+    next `up` after a kill -9) appended to the old run's ``logs/1/vllm.log`` and per-process files:
+    its line numbers (`LogPump.locate`, evidence) pointed at the old run's lines and its bundles
+    carried the old run's crash as if it were this one's. A non-empty `log_dir` becomes
+    ``logs/N.prev`` (replacing an older one: at most one earlier run's logs are kept, except that
+    a ``logs/N.prev`` holding an incident without a bundle, `recovery.is_pending`, is renamed
+    ``logs/N.prev.K``, K = 2, 3..., instead of removed); a log relay of the old run still draining
+    an orphan's pipes writes on into the moved file. None when there was nothing to move or the
+    move failed (read-only or broken runtime directory: the old behaviour, appending)."""
+    try:
+        with os.scandir(log_dir) as it:
+            if next(it, None) is None:
+                return None
+    except OSError:  # (absent, not a directory: mkdir says what is wrong)
+        return None
+    prev = log_dir.with_name(log_dir.name + ".prev")
+    try:
+        if prev.is_symlink() or (prev.exists() and not prev.is_dir()):
+            prev.unlink()
+        elif prev.exists() and recovery.is_pending(prev):
+            k = 2
+            while os.path.lexists(f"{prev}.{k}"):
+                k += 1
+            os.replace(prev, f"{prev}.{k}")
+        elif prev.exists():
+            shutil.rmtree(prev)  # (never follows symlinks inside)
+        os.replace(log_dir, prev)
+    except OSError:
+        return None
+    return prev

@@ -17,8 +17,8 @@ def watchers_for(config: Any) -> list[Watcher]:
     """Per-incarnation watchers for this config (kernel log, hang watchdog, start-up stall).
 
     Order: "kernel" (`watchers.kernel.enabled`), "hang" (`supervision.hang.enabled`; it asks the
-    kernel watcher for GPU faults to name as the hang's cause), "startup-stall" (always; its name
-    tells the supervisor to leave start-up stall detection to it). See `xpu_serve.watchers`.
+    kernel watcher for GPU faults to name as the hang's cause), "startup-stall" (always: the
+    start-up stall by phase), "bundle-requests". See `xpu_serve.watchers`.
     """
     from xpu_serve.watchers import HangWatcher, KernelWatcher, StartupWatcher
 

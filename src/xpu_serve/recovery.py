@@ -5,7 +5,7 @@ While it captures, the supervisor keeps a marker in the incarnation's log folder
 `RUNTIME/logs/<N>/incident-pending.json` (`mark_pending`), and removes it once the bundle exists
 (`clear_pending`). A marker left behind means an incident without a bundle: the next `up` calls
 `recover_pending` before it moves or prunes any log folder; log retention and the move of an
-earlier run's logs (`supervisor.set_aside_old_logs`) never remove a folder that holds one.
+earlier run's logs (`logdirs.set_aside_old_logs`) never remove a folder that holds one.
 
 Marker (JSON object): run_id, supervisor_pid, incarnation, restarts, started_at, ready_at
 (epoch s or null), trigger {kind, detail, at, process, rank, pid, exit_code, signal} and
@@ -147,9 +147,9 @@ def _log_files(log_dir: Path) -> list[str]:
 
 def analyse(log_dir: Path, trig: Trigger, procs: dict[int, ProcessInfo], exited: dict[int, float]) -> dict[str, Any]:
     """The verdict contract of the kept logs plus the exits the dead supervisor had seen, as
-    the live capture makes it (`supervisor.complete_contract`). Never raises."""
+    the live capture makes it (`supervision.capture.complete_contract`). Never raises."""
     from xpu_serve import facts
-    from xpu_serve.supervisor import complete_contract
+    from xpu_serve.supervision.capture import complete_contract
 
     contract: dict[str, Any] = {}
     try:
@@ -171,7 +171,7 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
     contract). The marker is removed once a bundle folder exists. Blocking (the bundle writer:
     up to 2 x bundles.collector_timeout_s + 5 s)."""
     from xpu_serve.bundle import write_incident_bundle
-    from xpu_serve.supervisor import _report_text
+    from xpu_serve.supervision.capture import report_text
 
     m = read_pending(log_dir) or {}
     trig = _trigger(m.get("trigger"), fallback_at=_mtime(log_dir / PENDING_FILE))
@@ -209,7 +209,7 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
         restarts=_int(m.get("restarts")),
         processes=_not_foreign(procs, _str(m.get("run_id"))),
     )
-    res = write_incident_bundle(ctx, trig, contract, _report_text(None, contract, ctx), stacks={})
+    res = write_incident_bundle(ctx, trig, contract, report_text(None, contract, ctx), stacks={})
     if res.path is not None:
         clear_pending(log_dir)
     return (str(res.path) if res.path else None), contract

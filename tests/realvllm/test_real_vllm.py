@@ -259,7 +259,7 @@ def test_2b_segv_bundle_names_signal_and_keeps_dump_in_worker_log(run: Run) -> N
 
     vLLM's crash handler writes the dump without a prefix and EngineCore may reap the worker before
     the supervisor reads its status: the signal then comes from the dump the analysis attributed
-    to the worker (`supervisor.signal_from_verdict`), and the bundle appends the dump to
+    to the worker (`supervision.capture.signal_from_verdict`), and the bundle appends the dump to
     logs/Worker_TP0.log (`collectors.attribute_root_block`)."""
     if run.segv_bundle is None:
         pytest.skip("step 2 made no bundle")

@@ -1,0 +1,348 @@
+"""`Capture`: the incident of a failed incarnation, recorded before anything is killed.
+
+Settle (the dying tree's last lines, up to 1 s), flush (the log pump's queued lines), the kernel
+watcher's settle for its record of a fault, analyse (`diagnosis.Analyzer`: the analysis alone
+names the root; the supervisor only adds what it saw itself, `complete_contract`), bundle
+(`bundle.write_incident_bundle`). A marker (`recovery`) lets the next `up` write the bundle when
+the supervisor is killed mid-capture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from xpu_serve import recovery
+from xpu_serve.config import Config
+from xpu_serve.events import Event
+from xpu_serve.incarnation import Observer, ProcessInfo, Trigger, Watcher
+from xpu_serve.supervision.context import Incarnation
+from xpu_serve.supervision.eventlog import EventLog
+
+# Signals after which the kernel usually logs a record naming the faulting library or the OOM
+# kill (arch/x86/mm/fault.c show_signal_msg, arch/x86/kernel/traps.c, mm/oom_kill.c): the capture
+# gives the kernel watcher a short settle for it when a process died by one (or of unknown status).
+_KERNEL_RECORDED_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGKILL"})
+
+
+@dataclass
+class Captured:
+    """What a capture produced: the verdict contract (incident.json), the Analyzer's incident
+    object (None when the analysis failed) and the bundle folder (None when none was written)."""
+
+    contract: dict[str, Any]
+    incident: Any
+    bundle: str | None
+
+    def last_incident(self, at: float) -> dict[str, Any]:
+        """state.json's `last_incident` of an incident whose trigger fired at `at` (epoch s)."""
+        c = self.contract
+        return {
+            "cause": c.get("cause", "unknown"),
+            "time": at,
+            "bundle": self.bundle,
+            "summary": c.get("summary"),
+        }
+
+
+class Capture:
+    """Settle, flush, analyse, bundle: `await run(ctx, restarts)`.
+
+    Args:
+        log: the EventLog; run_id: this supervisor's run.
+        watchers: the plugged-in watchers (those with `settle(ctx, pids)` get their short settle).
+        progress: monotonic s of the engine's last line; drain: hand the queued lines on.
+        prove_segments: record the segments the tree maps now (`Engine.prove_segments`).
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        run_id: str,
+        watchers: list[Watcher],
+        progress: Callable[[], float],
+        drain: Callable[[], None],
+        prove_segments: Callable[[Incarnation], None],
+    ):
+        self.log, self.run_id, self.watchers = log, run_id, watchers
+        self._progress, self._drain, self._prove = progress, drain, prove_segments
+
+    async def run(self, ctx: Incarnation, restarts: int) -> Captured:
+        trig = ctx.trigger
+        assert trig is not None
+        recovery.mark_pending(ctx.log_dir, self._pending_marker(ctx, restarts))
+        await self._settle()
+        if ctx.pump is not None:
+            await asyncio.to_thread(ctx.pump.flush, 2.0)
+            self._drain()
+        await self._settle_kernel(ctx)
+        self._prove(ctx)
+        incident: Any = None
+        contract: dict[str, Any] = {}
+        if ctx.analyzer is not None:
+            try:
+                incident = ctx.analyzer.incident()
+                contract = dict(incident.to_contract())
+            except Exception as ex:
+                self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
+        complete_contract(contract, trig, ctx.processes)
+        contract["supervisor"] = {
+            "trigger": _trigger_fields(trig),
+            "incarnation": ctx.incarnation,
+            "restarts": restarts,
+            "started_at": ctx.started_at,
+            "ready_at": ctx.ready_at,
+            "failed_at": trig.at,
+            "processes": [vars(p).copy() for p in ctx.processes.values()],
+        }
+        bundle = await self._write_bundle(ctx, trig, incident, contract)
+        if bundle:
+            recovery.clear_pending(ctx.log_dir)
+        return Captured(contract, incident, bundle)
+
+    def announce(self, ctx: Incarnation, got: Captured) -> None:
+        """The `incident` event, then the compact report (`report.render_compact`) as one
+        `report` event with FILE:LINE references relative to the bundle."""
+        trig = ctx.trigger
+        cause = got.contract.get("cause", "unknown")
+        self.log.emit(
+            "incident",
+            f"incarnation {ctx.incarnation}: cause {cause}: {got.contract.get('summary') or (trig.detail if trig else '')}"
+            + (f"; bundle {got.bundle}" if got.bundle else ""),
+            cause=cause,
+            bundle=got.bundle,
+        )
+        if got.incident is None:
+            return
+        try:
+            from xpu_serve.report import render_compact
+
+            lines = render_compact(got.incident, files=_bundle_files(ctx))
+        except Exception as ex:
+            self.log.emit("warning", f"report failed: {type(ex).__name__}: {ex}")
+            return
+        head = f"incarnation {ctx.incarnation}" + (
+            f"; full report {got.bundle}/report.txt" if got.bundle else ""
+        )
+        self.log.emit("report", "\n".join([head, *("  " + ln for ln in lines)]), lines=lines)
+
+    async def _settle(self, quiet_s: float = 0.15, max_s: float = 1.0) -> None:
+        """Let the dying tree's last lines arrive (pipes are drained by the pump)."""
+        t_end = time.monotonic() + max_s
+        while time.monotonic() < t_end:
+            if time.monotonic() - self._progress() >= quiet_s:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _settle_kernel(self, ctx: Incarnation) -> None:
+        """A process died by a signal the kernel logs (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGKILL for
+        an OOM kill) or of unknown status: give the kernel watcher its short settle
+        (`KernelWatcher.settle`, at most its `settle_s`) so the record naming the library is in
+        the verdict even when the kernel log delivers it after the exit was seen."""
+        died = [
+            pid
+            for pid, info in ctx.processes.items()
+            if pid in ctx.exited
+            and (info.signal in _KERNEL_RECORDED_SIGNALS or (info.signal is None and info.exit_code is None))
+        ]
+        if not died:
+            return
+        for w in self.watchers:
+            fn = getattr(w, "settle", None)
+            if callable(fn):
+                try:
+                    await fn(ctx, died)
+                except Exception as ex:
+                    self.log.emit("warning", f"kernel settle: {type(ex).__name__}: {ex}")
+
+    def _pending_marker(self, ctx: Incarnation, restarts: int) -> dict[str, Any]:
+        """What the next `up` needs to write this incident's bundle after a kill -9 (`recovery`)."""
+        trig = ctx.trigger
+        return {
+            "run_id": self.run_id,
+            "supervisor_pid": os.getpid(),
+            "incarnation": ctx.incarnation,
+            "restarts": restarts,
+            "started_at": ctx.started_at,
+            "ready_at": ctx.ready_at,
+            "trigger": _trigger_fields(trig) if trig is not None else None,
+            "processes": [dict(vars(p), exited_at=ctx.exited.get(p.pid)) for p in ctx.processes.values()],
+        }
+
+    async def _write_bundle(
+        self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
+    ) -> str | None:
+        """The bundle (xpu_serve.bundle), written in a thread so signals are still handled."""
+        from xpu_serve.bundle import write_incident_bundle
+
+        text = report_text(incident, contract, ctx)
+        # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
+        stacks = trig.event.extra.get("stacks") if trig.event is not None else None
+        if not isinstance(stacks, dict):
+            stacks = None
+        res = await asyncio.to_thread(write_incident_bundle, ctx, trig, contract, text, stacks)
+        if getattr(res, "errors", None):
+            self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
+        path = getattr(res, "path", None)
+        return str(path) if path else None
+
+
+async def recover_pending(
+    runtime_dir: Path, config: Config, log: EventLog, observers: list[Observer]
+) -> None:
+    """Write the bundles of the incidents a killed supervisor was capturing (`recovery`), from
+    their kept logs, before any log folder is moved or pruned; one `incident` event each."""
+    for d in recovery.pending_dirs(runtime_dir / "logs"):
+        path, contract = await asyncio.to_thread(recovery.recover_one, d, runtime_dir, config, os.getpid())
+        cause = contract.get("cause", "unknown")
+        log.emit(
+            "incident",
+            f"recovered incident of {d}: cause {cause}: {contract.get('summary') or ''}"
+            + (f"; bundle {path}" if path else "; no bundle could be written (the logs are kept)")
+            + " (its capture was cut by a kill -9 of the supervisor)",
+            cause=cause,
+            bundle=path,
+            recovered=True,
+        )
+        for ob in observers:
+            try:
+                ob.on_incident(contract, path)
+            except Exception:  # an observer must never break supervision
+                pass
+
+
+def _trigger_fields(trig: Trigger) -> dict[str, Any]:
+    return {k: v for k, v in vars(trig).items() if k != "event"}
+
+
+def complete_contract(contract: dict[str, Any], trig: Trigger, processes: dict[int, ProcessInfo]) -> None:
+    """Finish the verdict contract (in place) with what the supervisor saw itself: the signal a
+    process of unknown exit status died by when its own crash dump names it (`signal_from_verdict`;
+    also set on `trig` and its ProcessInfo), and the trigger's cause and detail when nothing in
+    the logs supports a verdict (`fallback_cause`)."""
+    sig = signal_from_verdict(contract, trig)
+    if sig is not None:
+        # the exit status was lost (the worker's parent reaped it first, no proc connector
+        # here) but the root is the process's own crash dump naming the signal
+        trig.signal = sig
+        info = processes.get(trig.pid) if trig.pid is not None else None
+        if info is not None and info.signal is None and info.exit_code is None:
+            info.signal = sig
+        _note(
+            contract,
+            f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
+            f"signal {sig} taken from its crash dump",
+        )
+    timing = _death_time_note(trig)
+    if timing:
+        _note(contract, timing)
+    if contract.get("cause") in (None, "", "unknown"):
+        # nothing in the logs supports a verdict: say what the supervisor itself saw
+        fb = fallback_cause(trig)
+        contract["cause"] = fb
+        if fb != "unknown" or not contract.get("summary"):
+            contract["summary"] = trig.detail
+
+
+def _note(contract: dict[str, Any], text: str) -> None:
+    notes = contract.setdefault("notes", [])
+    if isinstance(notes, list):
+        notes.append(text)
+
+
+def _death_time_note(trig: Trigger) -> str | None:
+    """A note when the supervisor saw a process exit late (its loop stalled), saying how well
+    the time of death is known; None otherwise."""
+    if trig.kind != "process-exit" or not trig.loop_stall_s or trig.detected_at is None:
+        return None
+    iso = _iso(trig.detected_at)
+    who = f"{trig.process} (pid {trig.pid})"
+    stall = f"the supervisor had not run for {trig.loop_stall_s:.1f} s (stopped or starved)"
+    if trig.at_source == "kernel":
+        return f"{who}: died at {_iso(trig.at)} (the kernel's exit event), seen at {iso}: {stall}"
+    return (
+        f"{who}: seen dead at {iso} after {stall}; it died no later than that, and the real time "
+        "of death is unknown (no kernel exit event: the proc connector is not available)"
+    )
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def signal_from_verdict(contract: dict[str, Any], trig: Trigger) -> str | None:
+    """The signal ("SIGSEGV"...) a process-exit trigger of unknown status died by, as its own
+    crash dump says, or None.
+
+    Only when the trigger is a process exit with neither code nor signal known, and the verdict's
+    root (`contract["root"]`: process, pid, text, evidence) is that same process (by pid, or by name
+    when the root has no pid, as for an unprefixed dump the analysis attributed to it), and the
+    root's text or one of its evidence lines is a crash dump the signature table reads a signal
+    name from (`signame`: "Fatal Python error: Segmentation fault", "!!!!!!! Segfault encountered
+    !!!!!!!"; `diagnosis.death_signal` maps it)."""
+    from xpu_serve.diagnosis import death_signal
+    from xpu_serve.signatures import load_table
+
+    if trig.kind != "process-exit" or trig.signal is not None or trig.exit_code is not None:
+        return None
+    root = contract.get("root")
+    if not isinstance(root, dict):
+        return None
+    same = root.get("pid") == trig.pid if root.get("pid") is not None else root.get("process") == trig.process
+    if not same:
+        return None
+    texts = [root.get("text")] + [e.get("text") for e in root.get("evidence") or [] if isinstance(e, dict)]
+    table = load_table()
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        ev = Event(source="vllm", text=text, raw=text)
+        m = table.match(ev)
+        if m is None or "signame" not in m[1].groupdict():
+            continue
+        ev.extra["signame"] = m[1].group("signame")
+        got = death_signal(ev)
+        if got:
+            return got
+    return None
+
+
+def fallback_cause(trig: Trigger) -> str:
+    """The cause the trigger alone supports, when the logs support no verdict."""
+    return {
+        "process-exit": "process-crash",
+        # /health timing out while every process lives is a hung server; failing (503, refused)
+        # follows a death the process watch may not have reported
+        "health": "engine-hang" if trig.detail.endswith(": timed out") else "process-crash",
+        "startup-stall": "startup-hang",
+        "startup-timeout": "startup-hang",
+        "hang": "engine-hang",
+        "config": "config-error",
+    }.get(trig.kind, "unknown")
+
+
+def _bundle_files(ctx: Any) -> Any:
+    """`report.bundle_paths` of this incarnation: its log folder and the kernel log file it follows."""
+    from xpu_serve.report import bundle_paths
+
+    kcfg = ctx.config.watchers.kernel
+    return bundle_paths(ctx.log_dir, kcfg.path if kcfg.source == "file" else None)
+
+
+def report_text(incident: Any, contract: dict[str, Any], ctx: Any) -> str:
+    """The people's report (`report.render_text(incident)`, what `diagnose` prints) with FILE:LINE
+    relative to the bundle (logs/vllm.log:123), or a short fallback."""
+    if incident is not None:
+        try:
+            from xpu_serve.report import render_text
+
+            return render_text(incident, files=_bundle_files(ctx))
+        except Exception:
+            pass
+    return f"cause: {contract.get('cause')}\n{contract.get('summary') or ''}\n"

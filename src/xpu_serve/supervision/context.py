@@ -1,0 +1,73 @@
+"""`Incarnation`: one launch of the engine as its watchers, the capture and the bundle writer see it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_serve import cleanup
+from xpu_serve.config import Config
+from xpu_serve.events import Event
+from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.sources.vllm_output import LogPump
+
+
+@dataclass
+class Incarnation:
+    """`xpu_serve.incarnation.IncarnationContext` of one launch, plus the supervisor's bookkeeping.
+
+    Extra attributes for the bundle writer: `log_dir` (RUNTIME/logs/N), `run_id`, `pgid`,
+    `trigger` (the first failure), `analyzer`, `argv`, `env` (the overrides we set),
+    `restarts`, `stop` (StopReport once stopped). `exited`: pid -> time of death (epoch s) of
+    the watched processes whose exit was reported. `failed`: set once `trigger` is.
+    """
+
+    incarnation: int
+    config: Config
+    runtime_dir: Path
+    run_id: str
+    started_at: float
+    log_dir: Path
+    on_fail: Callable[[Trigger], None]
+    on_record: Callable[[Event], None]
+    ready_at: float | None = None
+    processes: dict[int, ProcessInfo] = field(default_factory=dict)
+    pgid: int | None = None
+    trigger: Trigger | None = None
+    analyzer: Any = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+    shm_before: set[str] | None = None
+    shm_owned: set[str] = field(default_factory=set)
+    stop: cleanup.StopReport | None = None
+    pump: LogPump | None = None
+    exited: dict[int, float] = field(default_factory=dict)
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: int | None = None
+
+    def fail(self, trigger: Trigger) -> None:
+        """Declare the incarnation failed; thread-safe; the first trigger wins."""
+        self._call(self.on_fail, trigger)
+
+    def record(self, event: Event) -> None:
+        """Add evidence to the live analysis; thread-safe."""
+        self._call(self.on_record, event)
+
+    def starts(self) -> dict[int, float]:
+        """pid -> start time (epoch s, psutil create_time) of the known processes: the proof
+        that a pid is still this incarnation's when it is signalled (`cleanup.is_proven`)."""
+        return {
+            pid: p.started_at for pid, p in self.processes.items() if isinstance(p.started_at, (int, float))
+        }
+
+    def _call(self, fn: Callable[[Any], None], arg: Any) -> None:
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(fn, arg)
+        else:
+            fn(arg)
