@@ -13,7 +13,7 @@ from xpu_serve import cleanup
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
-from xpu_serve.sources.vllm_output import LogPump
+from xpu_serve.sources.log_pump import LogPump
 
 
 @dataclass

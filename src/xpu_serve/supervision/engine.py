@@ -27,13 +27,13 @@ from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor, secrets_in_argv, secrets_in_env
 from xpu_serve.sources import processes as proc_src
-from xpu_serve.sources.vllm_output import LogPump
+from xpu_serve.sources.log_pump import LogPump
 from xpu_serve.state import LockedError, read_state
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 from xpu_serve.vllm_command import render
 
-# uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.vllm_output)
+# uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.log_pump)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
 
