@@ -72,7 +72,7 @@ def sim_config(
 class Supervised:
     """`xpu-serve up -c CONFIG --log-format json --no-echo` as a child process."""
 
-    def __init__(self, config: Path):
+    def __init__(self, config: Path, env: dict[str, str] | None = None):
         self.config = config
         self.runtime = Path(yaml.safe_load(config.read_text())["runtime_dir"])
         self.proc = subprocess.Popen(
@@ -80,6 +80,7 @@ class Supervised:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
 
     def events(self) -> list[dict[str, Any]]:

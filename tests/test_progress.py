@@ -389,7 +389,7 @@ def test_hang_names_kernel_gpu_fault(engine: FakeEngine) -> None:
 
 
 def test_engine_base_url() -> None:
-    from xpu_serve.watchers import engine_base_url
+    from xpu_serve.sources.health import base_url as engine_base_url
 
     assert engine_base_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert engine_base_url("::1", 8000) == "http://[::1]:8000"

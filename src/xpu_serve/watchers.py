@@ -42,6 +42,8 @@ from xpu_serve.events import Event
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.sources import kernel as ksrc
 from xpu_serve.sources import progress as prog
+from xpu_serve.sources.health import base_url, probe_address
+from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.sources.startup import StartupTracker
 
 # Causes of kernel records that mean "this process is dead now" (signature table causes).
@@ -406,15 +408,6 @@ def _default_dumper(pids: list[int], timeout_s: float) -> dict[int, str]:
     return dump_stacks(pids, timeout_s)
 
 
-def engine_base_url(host: str, port: int) -> str:
-    """http://HOST:PORT for the engine; a wildcard listen address is reached on loopback."""
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
 class HangWatcher(_LineFed):
     """Hang watchdog (config `supervision.hang`), active once the incarnation is ready.
 
@@ -489,7 +482,7 @@ class HangWatcher(_LineFed):
                 return
             await asyncio.sleep(0.1)
         e = self.config.engine
-        base = engine_base_url(e.host, e.port)
+        base = base_url(e.host, e.port)
         interval = self.cfg.metrics_interval_s
         metrics = prog.MetricsProgress(self.cfg.after_s)
         with self._stats_lock:
@@ -498,13 +491,12 @@ class HangWatcher(_LineFed):
         last_canary = time.monotonic()
         canary_task: asyncio.Task[prog.CanaryResult] | None = None
         self._metrics, self._metrics_ok_at = metrics, None
-        async with httpx.AsyncClient() as client:
+        getter = KeepAliveGet(probe_address(e.host), e.port, max(1.0, min(interval, 10.0)))
+        async with httpx.AsyncClient() as client:  # the canary's
             try:
                 while True:
                     now = time.monotonic()
-                    sample = await prog.scrape_metrics(
-                        client, f"{base}/metrics", max(1.0, min(interval, 10.0))
-                    )
+                    sample = await prog.scrape_metrics(getter)
                     now = time.monotonic()
                     verdict: prog.HangVerdict | None = None
                     if sample is not None:
@@ -556,6 +548,7 @@ class HangWatcher(_LineFed):
                     await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
             finally:
                 self._metrics = None
+                getter.close()
                 if canary_task is not None:
                     canary_task.cancel()
                     with contextlib.suppress(BaseException):

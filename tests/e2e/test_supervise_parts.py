@@ -20,6 +20,7 @@ import pytest
 
 from xpu_serve import cleanup, exitcodes
 from xpu_serve.sources import health, processes
+from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.state import LockedError, RuntimeLock, lock_holder, read_state, write_state
 
 
@@ -347,11 +348,13 @@ def test_readiness_needs_health_and_served_name() -> None:
             status["health"] = 503
             out.append(await health.probe_ready(c, url, "tiny"))
             fired: list[tuple[int, str]] = []
-            mon = health.HealthMonitor(c, url, 0.01, 3, lambda n, d: fired.append((n, d)))
+            getter = KeepAliveGet(health.probe_address("0.0.0.0"), srv.server_address[1], 2.0)
+            mon = health.HealthMonitor(getter, 0.01, 3, lambda n, d: fired.append((n, d)))
             t = asyncio.create_task(mon.run())
             while not fired:
                 await asyncio.sleep(0.01)
             t.cancel()
+            getter.close()
             out.append((False, f"{fired[0][0]} {fired[0][1]}"))
         return out
 

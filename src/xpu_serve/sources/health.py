@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from xpu_serve.sources.http_get import KeepAliveGet
+
 
 def base_url(host: str, port: int) -> str:
     """http://HOST:PORT for a listen address; wildcard hosts are probed on loopback."""
@@ -26,9 +28,9 @@ def base_url(host: str, port: int) -> str:
 
 
 def make_client(timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
-    """An AsyncClient for probes: no proxies from the environment (loopback), bearer key if set."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(timeout=timeout_s, headers=headers, trust_env=False)
+    """An AsyncClient for the readiness probes: no proxies from the environment (loopback),
+    bearer key if set. The steady 1 s polls use `KeepAliveGet` instead (`HealthMonitor`)."""
+    return httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key), trust_env=False)
 
 
 async def probe_health(client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
@@ -64,17 +66,36 @@ async def probe_ready(client: httpx.AsyncClient, url: str, served_name: str) -> 
     return True, "ready"
 
 
+def probe_address(host: str) -> str:
+    """The address to probe for a listen address: wildcards are probed on loopback; IPv6 without
+    brackets (as `KeepAliveGet` takes it)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host.strip("[]")
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The bearer header vLLM's API server checks (`--api-key`), or none."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def poll_health(getter: KeepAliveGet) -> tuple[bool, str]:
+    """GET /health over the kept-alive connection: (ok, detail) as `probe_health` gives them."""
+    res = await getter.get("/health")
+    if res.status is None:
+        return False, res.error or "no response"
+    return res.status == 200, f"HTTP {res.status}"
+
+
 @dataclass
 class HealthMonitor:
     """Probe `/health` every `interval_s`; call `on_failure(count, detail)` after `failures` in a row.
 
     `on_failure` is called once per run of consecutive failures (it is the supervisor's trigger);
     a success resets the count. `run()` loops until cancelled. `consecutive` and `last_detail`
-    are readable at any time (for `status`).
+    are readable at any time (for `status`). The polls share one kept-alive connection
+    (`getter`, closed by its owner).
     """
 
-    client: httpx.AsyncClient
-    url: str
+    getter: KeepAliveGet
     interval_s: float
     failures: int
     on_failure: Callable[[int, str], None]
@@ -85,7 +106,7 @@ class HealthMonitor:
         fired = False
         while True:
             await asyncio.sleep(self.interval_s)
-            ok, detail = await probe_health(self.client, self.url)
+            ok, detail = await poll_health(self.getter)
             self.last_detail = detail
             if ok:
                 self.consecutive, fired = 0, False

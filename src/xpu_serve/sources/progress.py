@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from xpu_serve import aio
+from xpu_serve.sources.http_get import KeepAliveGet
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -254,16 +255,14 @@ class StatsLineProgress:
         return max(0.0, now - self.last_progress)
 
 
-async def scrape_metrics(client: httpx.AsyncClient, url: str, timeout_s: float) -> MetricsSample | None:
-    """GET `url` (the engine's /metrics) and parse it; None when unreachable, non-200, or unparseable."""
-    try:
-        r = await client.get(url, timeout=timeout_s)
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
+async def scrape_metrics(getter: KeepAliveGet) -> MetricsSample | None:
+    """GET /metrics over the kept-alive connection and parse it; None when unreachable, non-200,
+    unparseable, or not vLLM's metrics (none of the four families)."""
+    res = await getter.get("/metrics")
+    if res.status != 200:
         return None
     try:
-        sample = parse_metrics(r.text)
+        sample = parse_metrics(res.body.decode("utf-8", "replace"))
     except ValueError:
         return None
     if sample.in_flight is None and sample.tokens is None:

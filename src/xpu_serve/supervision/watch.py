@@ -28,6 +28,7 @@ from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Trigger, Watcher
 from xpu_serve.sources import health as health_src
+from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 
@@ -225,14 +226,16 @@ class ReadinessWatcher:
                     break
                 await asyncio.sleep(poll)
             self._on_ready(ctx, url)
+        getter = KeepAliveGet(
+            health_src.probe_address(e.host), e.port, sv.health.timeout_s, health_src.auth_headers(e.api_key)
+        )
+        try:
             mon = health_src.HealthMonitor(
-                client,
-                url,
-                sv.health.interval_s,
-                sv.health.failures,
-                on_failure=lambda n, d: _health_failed(ctx, n, d),
+                getter, sv.health.interval_s, sv.health.failures, on_failure=lambda n, d: _health_failed(ctx, n, d)
             )
             await mon.run()
+        finally:
+            getter.close()
 
 
 def _health_failed(ctx: Incarnation, n: int, detail: str) -> None:
