@@ -33,7 +33,6 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import re
-import signal
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -43,8 +42,18 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
+from xpu_serve.analysis.deaths import WORKER_RE as _WORKER_RE
+from xpu_serve.analysis.deaths import abnormal_death, death_signal, normalize_process
+from xpu_serve.analysis.demote import Candidates, apply_demote, apply_outrank, outrank_notes
+from xpu_serve.analysis.rules import Rules, load_rules
+from xpu_serve.analysis.timeorder import boot as _boot
+from xpu_serve.analysis.timeorder import cmp_time as _cmp_time
+from xpu_serve.analysis.timeorder import same_burst as _same_burst_t
+from xpu_serve.analysis.timeorder import tkey as _tkey
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
 from xpu_serve.signatures import Signature, SignatureTable, load_table
+
+__all__ = ["Analyzer", "Incident", "death_signal", "diagnose_files", "gpu_runtime_frame", "normalize_process"]
 
 MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
 MAX_GROUPS = 4096  # consequence groups (signature, process, rank) kept
@@ -63,11 +72,9 @@ PHASES = (
 )
 _READY_PHASES = {"ready", "serving"}
 _ENGINE_UP_PHASES = {"engine-ready", "api"}  # the engine finished start-up; the API server follows
-_WORKER_RE = re.compile(r"(?:VllmWorker-|Worker_TP|VllmWorker_TP)(\d+)")
 _EXC_LINE_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
 )
-_REFAISE_RE = re.compile(r"Worker failed with error")
 # the innermost frame of an exception raised by vLLM's command-line parsing or config checks:
 # FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py) and the
 # config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
@@ -81,78 +88,6 @@ _STATS_AT = re.compile(
     r"Avg prompt throughput: (?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) "
     r"tokens/s, Running: (?P<running>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<waiting>\d+) reqs"
 )
-_EXIT_SIG = {
-    "-11": "SIGSEGV",
-    "-6": "SIGABRT",
-    "-9": "SIGKILL",
-    "-7": "SIGBUS",
-    "-15": "SIGTERM",
-    "-4": "SIGILL",
-}
-# how crash dumps name the signal (CPython faulthandler: Python/faulthandler.c `faulthandler_handlers`;
-# tvm-ffi's "!!!!!!! Segfault encountered !!!!!!!"; the kernel's "segfault at")
-_SIGNAME = {
-    "segmentation fault": "SIGSEGV",
-    "segfault": "SIGSEGV",
-    "aborted": "SIGABRT",
-    "abort": "SIGABRT",
-    "bus error": "SIGBUS",
-    "floating point exception": "SIGFPE",
-    "illegal instruction": "SIGILL",
-    "killed": "SIGKILL",
-    # zsh's job reports (Src/signames2.awk names SIGIOT = SIGABRT on Linux "IOT instruction")
-    "iot instruction": "SIGABRT",
-    "illegal hardware instruction": "SIGILL",
-    # the shell's job reports in other languages (glibc strsignal translations: po/de.po, fr.po, ...)
-    "speicherzugriffsfehler": "SIGSEGV",
-    "erreur de segmentation": "SIGSEGV",
-    "violación de segmento": "SIGSEGV",
-    "falha de segmentação": "SIGSEGV",
-    "errore di segmentazione": "SIGSEGV",
-    "ошибка сегментирования": "SIGSEGV",
-    "段错误": "SIGSEGV",
-    "セグメンテーション違反です": "SIGSEGV",
-    "abgebrochen": "SIGABRT",
-    "abandon": "SIGABRT",
-    "abortado": "SIGABRT",
-    "аварийный останов": "SIGABRT",
-    "已放弃": "SIGABRT",
-    "中止": "SIGABRT",
-    "getötet": "SIGKILL",
-    "已杀死": "SIGKILL",
-}
-# lines that record the death of one process: when they are about the root's process they are
-# evidence of the root (its own dump, the supervisor's exit fact, EngineCore's report), not consequences
-_DEATH_EVIDENCE = frozenset(
-    {
-        "fatal-python-error",
-        "native-crash-dump",
-        "process-killed-by-signal",
-        "process-exited",
-        "coredump-dumped",
-        "coredump-frame-umd",
-        "worker-died-unexpectedly",
-        "worker-died-v0",
-        "ray-worker-died",
-        "kernel-oom-killed",
-    }
-)
-_UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
-# crash dumps a signal handler writes straight to stderr: never under a logger's INFO/WARNING
-# header (such a line reports an earlier crash, it is not one)
-# the signals a launcher ends a tree with (a shell's "Killed", docker's exit 137/143, a stop timeout)
-_STOP_KILLS = frozenset({"SIGKILL", "SIGTERM"})
-# causes a consequence line's quoted error cannot give it: they name no failure of their own
-_UNQUOTABLE_CAUSES = frozenset({None, "engine-hang", "startup-hang", "process-crash", "unknown"})
-_SIGNAL_DUMPS = frozenset(
-    {
-        "fatal-python-error",
-        "failure-signal-handler",
-        "native-crash-dump",
-        "ucx-caught-signal",
-        "openmpi-signal",
-    }
-)
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL"})  # levels vLLM logs tracebacks at (logger.exception)
 # the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
@@ -164,9 +99,6 @@ _COLLECTIVE_FRAME_RE = re.compile(
 # "Fatal Python error" prints Python frames, read by _crash_frame), and how many lines after the
 # dump header its first frame may come (UCX prints a few header lines first; Open MPI's frames
 # may be interleaved with the program's own stdout)
-_NATIVE_DUMPS = frozenset(
-    {"native-crash-dump", "failure-signal-handler", "ucx-caught-signal", "openmpi-signal"}
-)
 _NATIVE_WINDOW = 20
 # a native stack frame line of a crash dump: glibc backtrace_symbols / Open MPI
 # ("lib.so.0(sym+0x1d)[0x7f..]", opal/util/stacktrace.c), abseil/glog ("@ 0x7f.. sym"), gdb/LLVM
@@ -242,86 +174,7 @@ def _indented(line: str) -> bool:
     return line[:1] in (" ", "\t") or (line[:1].isdigit() and "Z  " in line[:40])
 
 
-def death_signal(ev: Event) -> str | None:
-    """The signal a death record names, as "SIGSEGV"..., or None: the supervisor's exit fact
-    (`extra["signal"]`), a crash dump's signal text ("Segmentation fault"), a negative exit code."""
-    for k in ("signal", "signame"):
-        v = ev.extra.get(k)
-        if isinstance(v, str) and v:
-            if v.upper().startswith("SIG"):
-                return v.upper()
-            got = _SIGNAME.get(v.strip().lower())
-            if got:
-                return got
-    code = ev.extra.get("exit_code")
-    if code is not None:
-        return _EXIT_SIG.get(str(code))
-    num = ev.extra.get("signum")  # a signal number (systemd's "status=11/SEGV")
-    if num is not None and str(num).isdigit():
-        try:
-            return signal.Signals(int(str(num))).name
-        except ValueError:
-            return None
-    status = ev.extra.get("exit_status")  # a shell/launcher exit status 128+N: killed by signal N
-    if status is not None and str(status).isdigit() and 128 < int(str(status)) < 160:
-        try:
-            return signal.Signals(int(str(status)) - 128).name
-        except ValueError:
-            return None
-    return None
-
-
-def normalize_process(name: str | None, rank: int | None = None) -> str | None:
-    """vLLM process name as the verdict contract spells it: "EngineCore" for "EngineCore_DP0",
-    "Worker_TP<rank>" for "Worker"/"VllmWorker-<n>" when the rank is known, "APIServer"..."""
-    if not name:
-        return None
-    if name.startswith("EngineCore"):
-        return "EngineCore"
-    m = _WORKER_RE.search(name)
-    if m:
-        return f"Worker_TP{m.group(1)}"
-    if name.startswith(("VLLM::Worker", "Worker", "VllmWorker", "RayWorker")):
-        return f"Worker_TP{rank}" if rank is not None else "Worker"
-    if name.startswith("VLLM::EngineCor"):
-        return "EngineCore"
-    return name
-
-
-def _order_of(ev: Event) -> int:
-    """The order in which the analysis read the event (0 when unknown)."""
-    o = ev.extra.get("_order", 0)
-    return o if isinstance(o, int) else 0
-
-
-def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
-    t = ev.time
-    if t is None:
-        k = ev.extra.get("_tkey")
-        return k if isinstance(k, tuple) else None
-    if ev.source == "kernel" and "boot_s" in ev.extra and ev.time is None:
-        return None
-    return (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-
-
 _DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
-
-
-def _boot(ev: Event) -> float | None:
-    b = ev.extra.get("boot_s")
-    return float(b) if isinstance(b, (int, float)) and ev.time is None else None
-
-
-def _cmp_time(a: Event, b: Event) -> int:
-    """Order two events by time where their clocks are comparable, else by input order."""
-    ka, kb = _tkey(a), _tkey(b)
-    if ka is not None and kb is not None and ka != kb:
-        return -1 if ka < kb else 1
-    ba, bb = _boot(a), _boot(b)
-    if ba is not None and bb is not None and ba != bb:
-        return -1 if ba < bb else 1
-    oa, ob = int(a.extra.get("_order", 0)), int(b.extra.get("_order", 0))  # type: ignore[call-overload]
-    return (oa > ob) - (oa < ob)
 
 
 @dataclass
@@ -391,6 +244,11 @@ class Analyzer:
 
     def __init__(self, table: SignatureTable | None = None) -> None:
         self.table = table or load_table()
+        # the causal rules (data/rules.yaml): the rows with a part in the analysis, sets of rows
+        # treated alike, the demotion and outrank rules
+        self.rules: Rules = load_rules(table)
+        self._row = self.rules.rows
+        self._set = self.rules.sets
         self.lines = 0
         self._order = 0
         self._lineno: dict[str, int] = {}
@@ -432,7 +290,7 @@ class Analyzer:
             ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^"),
             skip_roles=("context",),
         )
-        self._stats_sig = self.table.by_id.get("stats-line")
+        self._stats_sig = self.table.by_id.get(self._row["stats_line"])
         # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
         self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         self._prefix_seen: dict[str, int | None] = {}
@@ -650,7 +508,7 @@ class Analyzer:
             return ref
         line, file, lineno = ref
         ev = parse_line(line, file, lineno)
-        ev.signature, ev.role = "stats-line", "progress"
+        ev.signature, ev.role = self._row["stats_line"], "progress"
         ev.extra["_order"] = 0
         t = ev.time
         if t is not None:
@@ -838,7 +696,7 @@ class Analyzer:
         if len(rest) < 8:
             return None
         m = self.table.match(dataclasses.replace(ev, text=rest), in_tb)
-        if m is None or m[0].role != "root" or m[0].cause in _UNQUOTABLE_CAUSES or m[0].id == "python-exception":
+        if m is None or m[0].role != "root" or m[0].cause in self.rules.unquotable_causes or m[0].id == self._row["generic_exception"]:
             return None
         return m
 
@@ -863,9 +721,9 @@ class Analyzer:
             if quoted is not None:
                 ev.extra["quoted_by"] = sig.id
                 sig, mt = quoted
-        if sig.id in _SIGNAL_DUMPS and ev.level in _QUIET_LEVELS:
+        if sig.id in self._set["signal_dumps"] and ev.level in _QUIET_LEVELS:
             return None
-        if sig.id == "python-exception" and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
+        if sig.id == self._row["generic_exception"] and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
             # logged by an OpenAI request handler (vllm/entrypoints/openai/serving_*.py: "Error in
             # preprocessing prompt inputs" ...): one request was rejected with an HTTP error and
             # the server went on; not a failure of any process
@@ -873,7 +731,7 @@ class Analyzer:
         if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
-        if sig.id == "python-exception" and ev.group is not None:
+        if sig.id == self._row["generic_exception"] and ev.group is not None:
             frame = self._tb_last_frame.get(ev.group)
             if frame is not None and _CONFIG_FRAME_RE.search(frame):
                 # raised while vLLM parsed its command line or checked its configuration
@@ -888,7 +746,7 @@ class Analyzer:
         role = sig.role
         if (
             ev.group is not None
-            and sig.id != "python-exception"
+            and sig.id != self._row["generic_exception"]
             and role in ("root", "consequence", "precursor")
         ):
             gs = self._group_specific
@@ -909,23 +767,23 @@ class Analyzer:
         if ev.text.lstrip().startswith("what():"):
             self._what_line(ev, file, lineno, sig)
         if role == "root":
-            if sig.id == "cxx-terminate":
+            if sig.id == self._row["uncaught_cxx"]:
                 self._last_terminate[file] = (lineno, ev)
-            elif sig.id == "coredump-dumped":
+            elif sig.id == self._row["coredump"]:
                 self._last_coredump[file] = (lineno, ev)
-            elif sig.id == "coredump-frame-umd":
+            elif sig.id == self._row["coredump_frame"]:
                 cd = self._last_coredump.get(file)
                 if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
                     ev.pid = int(str(cd[1].extra.get("pid")))
                     ev.process = str(cd[1].extra.get("comm") or "") or None
-            if sig.id == "hang-watchdog":
+            if sig.id == self._row["hang_fact"]:
                 self.facts_hang = ev
-            elif sig.id in _SIGNAL_DUMPS:
+            elif sig.id in self._set["signal_dumps"]:
                 cw = self._crash_wait.get((file, ev.pid))
                 if cw is None or lineno - cw[0] > 60:
                     cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
                 cw[1].append(ev)
-                if sig.id in _NATIVE_DUMPS:
+                if sig.id in self._set["native_dumps"]:
                     self._frame_until[file] = lineno + _NATIVE_WINDOW
             if self._before_restart(ev, file):
                 # a kernel record from another file, stamped before the last restart: it belongs
@@ -934,7 +792,7 @@ class Analyzer:
                 self._earlier._keep_root(sig.id, ev)
                 return sig
             self._keep_root(sig.id, ev)
-            if sig.id == "python-exception" and ev.group is not None:
+            if sig.id == self._row["generic_exception"] and ev.group is not None:
                 if ev.group in self._group_specific:
                     ev.extra["subsumed"] = True
                 self._pyexc_by_group.setdefault(ev.group, []).append(ev)
@@ -943,7 +801,7 @@ class Analyzer:
             lst = self.precursors.setdefault(sig.id, [])
             if len(lst) < MAX_PER_SIGNATURE:
                 lst.append(ev)
-            elif sig.id == "shm-broadcast-wait" or sig.cause == "startup-hang":
+            elif sig.id in self._set["keep_latest"] or sig.cause == "startup-hang":
                 lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
         else:
             self._add_consequence(ev, sig)
@@ -1017,6 +875,9 @@ class Analyzer:
     _SHARED_STATE = frozenset(
         {
             "table",
+            "rules",
+            "_row",
+            "_set",
             "_ac",
             "_stats_sig",
             "_lineno",
@@ -1151,7 +1012,7 @@ class Analyzer:
         if sig is not None and sig.role == "consequence" and tev.role == "root":
             tev.role = "consequence"
             tev.extra["teardown"] = True
-            self._add_consequence(tev, self.table.by_id["cxx-terminate"])
+            self._add_consequence(tev, self.table.by_id[self._row["uncaught_cxx"]])
 
     def _add_consequence(self, ev: Event, sig: Signature) -> None:
         rank = ev.rank if ev.rank is not None else (self.pid_rank.get(ev.pid) if ev.pid is not None else None)
@@ -1239,28 +1100,25 @@ class Analyzer:
         last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
         return [e for e in waits if _cmp_time(e, last_ms) >= 0]
 
-    def _drop_launcher_kills(self, cands: list[Event], demoted: list[Event]) -> list[Event]:
-        """Root candidates without the launcher reports (`launcher_report` rows: bash's "Killed", docker's
-        exit 137, systemd's status=9/KILL) of a SIGKILL or SIGTERM read after a vLLM process's own
-        death record (a worker or EngineCore reported dead): vLLM's shutdown of its tree, or the
-        launcher's stop timeout, ends in that kill; the earlier death is the root. Demoted ones go to
-        `demoted`."""
-        deaths = [
-            e
-            for e in cands
-            if e.cause == "process-crash" and not self.table.by_id[e.signature or ""].extra.get("launcher_report")
-        ]
-        if not deaths:
-            return cands
-        first = min(_order_of(e) for e in deaths)
-        keep = []
-        for e in cands:
-            row = self.table.by_id[e.signature or ""]
-            if row.extra.get("launcher_report") and death_signal(e) in _STOP_KILLS and _order_of(e) > first:
-                demoted.append(e)
-            else:
-                keep.append(e)
-        return keep
+    def _candidates(self) -> tuple[list[Event], list[Event]]:
+        """(root candidates, demoted): every kept root-role event; a generic exception subsumed by
+        a specific row of its traceback is demoted at once."""
+        cands: list[Event] = []
+        demoted: list[Event] = []
+        for evs in self.roots.values():
+            for ev in evs:
+                if ev.role != "root":
+                    continue
+                (demoted if ev.extra.get("subsumed") else cands).append(ev)
+        return cands, demoted
+
+    def _demote(self, got: tuple[list[Event], list[Event]]) -> tuple[list[Event], list[Event]]:
+        """The demotion rules of data/rules.yaml, in order (analysis/demote.py)."""
+        seen = frozenset(self.roots) | {g.sig.id for g in self.groups.values()}
+        c = Candidates(got[0], got[1], seen)
+        for rule in self.rules.demote:
+            apply_demote(rule, c, self.table, self.rules)
+        return c.keep, c.demoted
 
     def _incident(self) -> Incident:
         self.last_progress = self._ref_event(self.last_progress)
@@ -1273,114 +1131,8 @@ class Analyzer:
             for pid in list(ms["pids"]):
                 if pid in self.pid_rank:
                     ms["ranks"].add(self.pid_rank[pid])
-        cands: list[Event] = []
-        demoted: list[Event] = []
-        for evs in self.roots.values():
-            for ev in evs:
-                if ev.role != "root":
-                    continue
-                if ev.signature == "python-exception" and ev.extra.get("subsumed"):
-                    demoted.append(ev)
-                    continue
-                cands.append(ev)
-        if "pg-watchdog-timeout" in self.roots or any(
-            g.sig.id == "pg-watchdog-terminated" for g in self.groups.values()
-        ):
-            # the ProcessGroup watchdog aborts its process (SIGABRT): that death follows the timeout
-            keep0 = []
-            for e in cands:
-                code = str(e.extra.get("exit_code") or "")
-                sig_name = str(e.extra.get("signame") or "")
-                if e.cause == "process-crash" and (code == "-6" or sig_name in ("SIGABRT", "Aborted")):
-                    demoted.append(e)
-                else:
-                    keep0.append(e)
-            cands = keep0
-        terminates = [e for e in cands if e.signature == "cxx-terminate" and e.cause != "process-crash"]
-        if terminates:
-            # std::terminate aborts the process (SIGABRT, libstdc++ __terminate -> abort): the shell's
-            # "Aborted (core dumped)" or an exit by SIGABRT read after the uncaught exception in the
-            # same file is that abort, not a separate crash
-            first_t = min(terminates, key=lambda e: _order_of(e))
-            keep_t = []
-            for e in cands:
-                if (
-                    e.cause == "process-crash"
-                    and death_signal(e) == "SIGABRT"
-                    and e.file == first_t.file
-                    and _order_of(e) > _order_of(first_t)
-                ):
-                    demoted.append(e)
-                else:
-                    keep_t.append(e)
-            cands = keep_t
-        cands = self._drop_launcher_kills(cands, demoted)
-        detections = [e for e in cands if e.cause == "engine-hang" and e.signature != "bare-timeout-error"]
-        if detections:
-            # vLLM's own hang detection (the execute-model RPC timeout) makes EngineCore raise and
-            # exit 1 and the API server kill the workers: the deaths the supervisor sees from that
-            # second on are consequences of the hang, not its cause
-            first_hang = min(detections, key=cmp_to_key(_cmp_time))
-            keep1 = []
-            for e in cands:
-                if (
-                    e.source == "process"
-                    and e.cause == "process-crash"
-                    and (self._before(first_hang, e) or self._same_second(first_hang, e))
-                ):
-                    demoted.append(e)
-                else:
-                    keep1.append(e)
-            cands = keep1
-        deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
-        first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
-        live = [e for e in deaths if e.source == "process"]
-        first_live = min(live, key=cmp_to_key(_cmp_time)) if live else None
+        cands, demoted = self._demote(self._candidates())
         kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
-        keep: list[Event] = []
-        for ev in cands:
-            if (
-                first_live is not None
-                and ev.source == "process"
-                and ev.cause == "process-crash"
-                and self._before(first_live, ev)
-                and not self._same_proc(first_live, ev)
-            ):
-                # the supervisor's own exit times (pidfd, microseconds) order the deaths of one
-                # tree: a later death of another process (a rank's SIGABRT in oneCCL finalize after
-                # a worker's exit 1) follows the first, whatever its weight
-                demoted.append(ev)
-                continue
-            if first_death is not None and ev.cause in (
-                "collective-failure",
-                "process-exception",
-                "device-lost",
-            ):
-                # after a process died, other processes' errors are consequences of it; within the
-                # same second too when the error is a generic exception of another process (vLLM's
-                # clock has 1 s resolution, the supervisor's facts are finer) unless it relays a
-                # worker's error ("Worker failed with error ...")
-                same_second = (
-                    ev.cause == "process-exception"
-                    and not _REFAISE_RE.search(ev.text)
-                    and self._same_second(first_death, ev)
-                    # a shell's or launcher's report of the death is printed after the process
-                    # ended: what was read before it in the same file happened before the death
-                    and not (
-                        first_death.source == "text"
-                        and ev.file == first_death.file
-                        and _order_of(ev) < _order_of(first_death)
-                    )
-                )
-                if (
-                    ev.source != "kernel"
-                    and (self._before(first_death, ev) or same_second)
-                    and not self._same_proc(first_death, ev)
-                ):
-                    demoted.append(ev)
-                    continue
-            keep.append(ev)
-        cands = keep
 
         def rank_key(a: Event, b: Event) -> int:
             wa = self.table.by_id[a.signature or ""].weight
@@ -1396,8 +1148,9 @@ class Analyzer:
         # a worker's own record beats EngineCore's re-raise of it at the same time.
         cands.sort(key=cmp_to_key(rank_key))
         root = cands[0] if cands else None
-        if root is not None and root.cause == "device-lost" and kernel_gpu:
-            root = min(kernel_gpu, key=cmp_to_key(_cmp_time))
+        for rule in self.rules.outrank:
+            if root is not None:
+                root = apply_outrank(rule, root, cands, self.table, self.rules)
         subject_ev = root
         if root is not None and root.source == "kernel" and root.cause == "gpu-fault":
             first = self._primary_gpu_fault(root, kernel_gpu)
@@ -1409,15 +1162,15 @@ class Analyzer:
                 else:
                     subject_ev = first
                 root = first
-        if root is not None and root.cause == "gpu-fault" and any(c.cause == "device-lost" for c in cands):
-            notes.append("user space reported the device lost; the kernel's GPU fault record explains it")
+        if root is not None:
+            notes.extend(outrank_notes(root, cands, self.table, self.rules))
         cause = root.cause if root is not None else None
         # hangs
         hang_precursors = [
             e
             for sid, evs in self.precursors.items()
             for e in evs
-            if self.table.by_id[sid].cause == "engine-hang" and sid != "bare-timeout-error"
+            if self.table.by_id[sid].cause == "engine-hang" and sid not in self._set["not_hang_detection"]
         ]
         hang_precursors = self._waits_after_startup_progress(hang_precursors)
         if root is None and self.ready:
@@ -1472,7 +1225,7 @@ class Analyzer:
                     "the input ends during start-up without an error and without the ready line; no rank "
                     "lags behind the others: a stall is assumed (or the log was cut short)"
                 )
-        if root is not None and root.signature == "startup-stall":
+        if root is not None and root.signature == self._row["startup_stall"]:
             cause = "startup-hang"
         if cause is None:
             inc.cause = "unknown"
@@ -1504,10 +1257,9 @@ class Analyzer:
             if isinstance(lib, str) and cause in ("umd-segfault", "collective-failure", "process-crash"):
                 inc.library = lib
         elif cause == "startup-hang":
-            sig = self.table.by_id["startup-stall"]
+            sig = self.table.by_id[self._row["startup_stall"]]
             inc.meaning, inc.advice, inc.root_label = sig.meaning, sig.advice, sig.label
         else:
-            sig = self.table.by_id["shm-broadcast-wait"]
             inc.meaning = "The engine stopped making progress with requests in flight; no process died first."
             inc.advice = "Take stacks of every worker (py-spy dump) before restarting; check the kernel log for GPU job timeouts."
             inc.root_label = "no progress with requests in flight"
@@ -1520,7 +1272,7 @@ class Analyzer:
         if cause == "startup-hang":
             inc.startup = startup_info
             miss = startup_info.get("missing_ranks") or []
-            if root is None or root.signature != "startup-stall":
+            if root is None or root.signature != self._row["startup_stall"]:
                 inc.root_label = "start-up stalled"
                 if miss:
                     inc.meaning = (
@@ -1592,7 +1344,7 @@ class Analyzer:
         seen: set[int] = {id(root)}
         unprefixed = 0
         for ev in sorted(pool, key=cmp_to_key(_cmp_time)):
-            if id(ev) in seen or ev.signature not in _DEATH_EVIDENCE:
+            if id(ev) in seen or ev.signature not in self._set["death_evidence"]:
                 continue
             seen.add(id(ev))
             if (
@@ -1609,7 +1361,7 @@ class Analyzer:
                 continue
             if anonymous:
                 continue
-            bare = ev.signature in _UNPREFIXED_DUMPS and ev.pid is None and ev.process is None
+            bare = ev.signature in self._set["unprefixed_dumps"] and ev.pid is None and ev.process is None
             p, r, d = self._subject(ev, [], link=bare)
             if d is not None and pid is not None and (ev.source == "kernel") == (root.source == "kernel"):
                 same = d == pid  # pids of one namespace (the kernel's, or the log's and the supervisor's)
@@ -1626,18 +1378,6 @@ class Analyzer:
         return out
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _abnormal_death(ev: Event) -> bool:
-        """A death that explains what follows it: vLLM's reports and crash dumps, or a supervisor
-        fact of a death by a crash signal or a non-zero exit (not SIGTERM/exit 0 of shutdown)."""
-        if ev.source != "process":
-            return True
-        sig_name = str(ev.extra.get("signame") or ev.extra.get("signal") or "")
-        if sig_name:
-            return sig_name not in ("SIGTERM", "SIGINT", "SIGHUP")
-        code = ev.extra.get("exit_code")
-        return code not in (None, 0, "0")
-
     def _after_carets(self, pid: int | None, file: str) -> bool:
         """The previous line of this stream (same pid, else same file) ends in Python's caret marks
         ("    ^^^^^^^^", "~~~~^^^^"), i.e. it was the last frame's source pointer of a traceback."""
@@ -1667,7 +1407,7 @@ class Analyzer:
             d = _DRM_DEV_RE.match(ev.text)
             if dev is not None and d is not None and d.group(1) != dev.group(1):
                 continue
-            if not self._same_burst(ev, root) or _cmp_time(ev, root) > 0:
+            if not _same_burst_t(ev, root) or _cmp_time(ev, root) > 0:
                 continue
             if _cmp_time(ev, root) == 0 and (ev.file != root.file or (ev.line or 0) >= (root.line or 0)):
                 continue
@@ -1678,37 +1418,6 @@ class Analyzer:
             ):
                 best = ev
         return best
-
-    @staticmethod
-    def _same_burst(a: Event, b: Event) -> bool:
-        """Two kernel records of one incident: within 10 s on the kernel's clock, or (no clock)
-        within 50 lines of the same file."""
-        ba, bb = _boot(a), _boot(b)
-        if ba is not None and bb is not None:
-            return abs(ba - bb) <= 10.0
-        if a.time is not None and b.time is not None:
-            return abs((a.time - b.time).total_seconds()) <= 10.0
-        if ba is None and bb is None and a.time is None and b.time is None:
-            return a.file == b.file and abs((a.line or 0) - (b.line or 0)) <= 50
-        return False
-
-    def _same_second(self, a: Event, b: Event) -> bool:
-        ka, kb = _tkey(a), _tkey(b)
-        return ka is not None and kb is not None and ka[:5] == kb[:5]
-
-    def _before(self, a: Event, b: Event) -> bool:
-        ka, kb = _tkey(a), _tkey(b)
-        if ka is not None and kb is not None:
-            return ka < kb
-        return False
-
-    def _same_proc(self, death: Event, ev: Event) -> bool:
-        w = death.extra.get("worker")
-        if isinstance(w, str):
-            m = _WORKER_RE.search(w)
-            if m and ev.rank is not None and int(m.group(1)) == ev.rank:
-                return True
-        return death.pid is not None and death.pid == ev.pid
 
     def _proc_pref(self, ev: Event) -> int:
         name = ev.process or (self.pid_name.get(ev.pid) if ev.pid else None) or ""
@@ -1728,13 +1437,7 @@ class Analyzer:
 
     def _died_reports(self) -> list[Event]:
         out = []
-        for sid in (
-            "worker-died-unexpectedly",
-            "worker-died-v0",
-            "ray-worker-died",
-            "process-killed-by-signal",
-            "process-exited",
-        ):
+        for sid in self.rules.death_reports:
             out.extend(self.roots.get(sid, []))
         out.sort(key=cmp_to_key(_cmp_time))
         return out
@@ -1742,8 +1445,8 @@ class Analyzer:
     def _first_live_death(self) -> Event | None:
         """The earliest death by a crash signal the supervisor itself saw (pidfd exit time), or
         None (offline input, or only exit codes)."""
-        live = [e for e in self.roots.get("process-killed-by-signal", []) if e.source == "process"]
-        live = [e for e in live if self._abnormal_death(e)]
+        live = [e for e in self.roots.get(self._row["live_death"], []) if e.source == "process"]
+        live = [e for e in live if abnormal_death(e)]
         return min(live, key=cmp_to_key(_cmp_time)) if live else None
 
     def _died_rank(self) -> tuple[int | None, Event | None]:
@@ -1752,7 +1455,7 @@ class Analyzer:
             m = _WORKER_RE.search(str(w))
             if m:
                 return int(m.group(1)), d
-            if d.pid is not None and d.pid in self.pid_rank and d.signature != "worker-died-unexpectedly":
+            if d.pid is not None and d.pid in self.pid_rank and d.signature not in self._set["reporter_pid"]:
                 return self.pid_rank[d.pid], d
         return None, None
 
@@ -1765,7 +1468,7 @@ class Analyzer:
         sid = ev.signature
         # vLLM's report of another process's death names that process
         w = ev.extra.get("worker")
-        if isinstance(w, str) and sid in ("worker-died-unexpectedly", "worker-died-v0"):
+        if isinstance(w, str) and sid in self._set["worker_death_reports"]:
             m = _WORKER_RE.search(w)
             if m:
                 r = int(m.group(1))
@@ -1774,33 +1477,24 @@ class Analyzer:
             pid = int(ev.extra["pid"]) if ev.extra.get("pid") else None  # type: ignore[call-overload]
             r2 = self.pid_rank.get(pid) if pid is not None else None
             return normalize_process("Worker", r2), r2, pid
-        if sid == "ray-worker-died" and ev.extra.get("pid"):
-            # the raylet's report names the dead worker's pid inside its message
-            pid = int(str(ev.extra["pid"]))
-            r2 = self.pid_rank.get(pid)
-            return normalize_process(self.pid_name.get(pid, "RayWorker"), r2), r2, pid
-        if sid in (
-            "shell-job-signal",
-            "ucx-caught-signal",
-            "openmpi-signal",
-            "openmpi-transport-abort",
-            "hccl-error",
-        ) and ev.extra.get("pid"):
-            # bash's job report: "run.sh: line 12: 40211 Segmentation fault (core dumped) python ..."
+        pim = self.rules.pid_in_message
+        if sid in pim and ev.extra.get("pid"):
+            # the dead process's pid inside the message (bash's job report "run.sh: line 12: 40211
+            # Segmentation fault (core dumped) python ...", the raylet's report of a dead worker)
             pid = int(str(ev.extra["pid"]))
             r3 = self.pid_rank.get(pid)
-            return normalize_process(self.pid_name.get(pid), r3), r3, pid
-        if sid in ("engine-core-died-unexpectedly", "engine-core-proc-failed"):
+            return normalize_process(self.pid_name.get(pid, pim[sid]), r3), r3, pid
+        if sid in self._set["engine_core_reports"]:
             pid = next((p for p, n in self.pid_name.items() if n.startswith("EngineCore")), None)
             return "EngineCore", None, pid
-        if sid in ("systemd-exit-signal", "exit-status-signal", "container-oom-killed"):
+        if sid in self._set["launcher_reports"]:
             # a launcher (systemd, docker, a container platform) reports its child: the journal
             # prefix's pid ("systemd[1]:") is the launcher's, not the dead process's
             return None, None, None
         if ev.source == "process" and ev.process:
             return normalize_process(ev.process, ev.rank), ev.rank, ev.pid
         pid = ev.pid
-        if ev.source == "kernel" or sid in ("coredump-dumped", "coredump-frame-umd"):
+        if ev.source == "kernel" or sid in self._set["kernel_pid"]:
             if pid is None and ev.extra.get("pid"):
                 pid = int(str(ev.extra["pid"]))
             comm = ev.process or str(ev.extra.get("comm") or "")
@@ -1830,7 +1524,7 @@ class Analyzer:
         if ev.source == "ccl" and name is None and pid is not None and rank is not None:
             name = f"Worker_TP{rank}"
         # EngineCore re-raising a worker's error names the worker
-        if link and _REFAISE_RE.search(ev.text) and (name or "").startswith("EngineCore"):
+        if link and self.rules.relay.search(ev.text) and (name or "").startswith("EngineCore"):
             r, d = self._died_rank()
             if r is not None:
                 notes.append(
@@ -1843,14 +1537,7 @@ class Analyzer:
         if (
             link
             and name is None
-            and sid
-            in (
-                "fatal-python-error",
-                "native-crash-dump",
-                "cxx-terminate",
-                "coredump-frame-umd",
-                "python-exception",
-            )
+            and sid in self._set["unprefixed_linkable"]
         ):
             live = self._first_live_death()
             if live is not None and live.process and death_signal(live) == death_signal(ev):
@@ -1973,7 +1660,7 @@ class Analyzer:
             )
         if self.stall_stats is not None:
             out["no_progress_since"] = self.stall_stats.time_text
-        first_wait = self.precursors.get("shm-broadcast-wait")
+        first_wait = self.precursors.get(self._row["first_wait"])
         if first_wait:
             out["first_wait_warning"] = first_wait[0].time_text
         return out
@@ -2059,7 +1746,7 @@ class Analyzer:
         for e in evidence_events or []:
             add(e)
         for sid, evs in self.precursors.items():
-            if sid == "bare-timeout-error":
+            if sid in self._set["not_hang_detection"]:
                 continue
             add(evs[0])
             if len(evs) > 1:
@@ -2192,7 +1879,7 @@ class Analyzer:
             )
             if code is not None:
                 return f"{who} exited with code {code}{where}{follow}"
-            if root is not None and root.signature in ("worker-died-unexpectedly", "worker-died-v0"):
+            if root is not None and root.signature in self._set["worker_death_reports"]:
                 return f"{who} died unexpectedly (reported by EngineCore){where}{follow}"
             return f"{who} died ({label}){where}{follow}"
         if c == "host-oom":
