@@ -50,6 +50,7 @@ from xpu_serve.analysis.timeorder import boot as _boot
 from xpu_serve.analysis.timeorder import cmp_time as _cmp_time
 from xpu_serve.analysis.timeorder import same_burst as _same_burst_t
 from xpu_serve.analysis.timeorder import tkey as _tkey
+from xpu_serve.analysis.traceback import Step, TracebackTracker
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
 from xpu_serve.signatures import Signature, SignatureTable, load_table
 
@@ -72,9 +73,6 @@ PHASES = (
 )
 _READY_PHASES = {"ready", "serving"}
 _ENGINE_UP_PHASES = {"engine-ready", "api"}  # the engine finished start-up; the API server follows
-_EXC_LINE_RE = re.compile(
-    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
-)
 # the innermost frame of an exception raised by vLLM's command-line parsing or config checks:
 # FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py) and the
 # config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
@@ -254,10 +252,11 @@ class Analyzer:
         self._lineno: dict[str, int] = {}
         self._files: list[str] = []
         self._last_t: dict[str, tuple[int, ...]] = {}
-        self._tb: dict[tuple[str, int | None], list[int]] = {}  # stream -> [state, group]
+        self.tracker = TracebackTracker()
+        self._tb = self.tracker.streams  # stream -> open traceback (read by the feeding loops)
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
-        self._tb_last_frame: dict[int, str] = {}  # traceback group -> its latest `File ...` frame line
+        self._tb_last_frame = self.tracker.last_frame  # traceback group -> its latest frame line
         self._last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
@@ -296,7 +295,6 @@ class Analyzer:
         self._prefix_seen: dict[str, int | None] = {}
         self._last_line: dict[str, str] = {}
         self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
-        self._tb_check = 0
         # (text, pid, time) of classified lines -> {file: times seen}: the same line read from two
         # files of one incident (a bundle's vllm.log and its per-process copies) counts once
         self._seen: dict[tuple[str, int | None, str | None], dict[str, int]] = {}
@@ -542,148 +540,78 @@ class Analyzer:
     def _ingest(self, ev: Event, file: str, lineno: int, fact: bool = False) -> Event | None:
         self._order += 1
         ev.extra["_order"] = self._order
-        text = ev.text
-        src = ev.source
         if self._crash_wait:
-            if text.lstrip().startswith('File "'):
-                if file in self._frame_until and _FILE_NATIVE_FRAME_RE.match(text):
-                    self._native_frame(ev, file, lineno)
-                else:
-                    self._crash_frame(ev, file, lineno, self._last_line.get(file))
-            elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
-                self._native_frame(ev, file, lineno)
-        # time carried forward per file for lines without their own stamp (ordering only)
-        t = ev.time
-        if t is not None:
-            if not (src == "kernel" and "boot_s" in ev.extra):
-                self._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-        else:
-            prev = self._last_line.pop(file, None)
-            if prev is not None:
-                pe = parse_line(prev)
-                pt = pe.time
-                if pt is not None and not (pe.source == "kernel" and "boot_s" in pe.extra):
-                    self._last_t[file] = (pt.month, pt.day, pt.hour, pt.minute, pt.second, pt.microsecond)
-            if file in self._last_t:
-                ev.extra["_tkey"] = self._last_t[file]
-        # kernel continuation lines (wrapped pastes, multi-line records)
-        if src == "text" and text[:1] in (" ", "\t") and file in self._last_kernel:
-            kl, kev = self._last_kernel[file]
-            if kl == lineno - 1 and "Traceback" not in text:
-                self._last_kernel[file] = (lineno, kev)
-                kev.text = kev.text.rstrip() + " " + text.strip()
-                kernel_message_info(kev)
-                if kev.signature is None:
-                    self._classify(kev, False, file, lineno)
-                return None
-        if src == "kernel":
+            self._dump_frame(ev, file, lineno)
+        self._carry_time(ev, file)
+        if self._kernel_continuation(ev, file, lineno):
+            return None
+        if ev.source == "kernel":
             self._last_kernel[file] = (lineno, ev)
-        pid = ev.pid
         self._learn_pid(ev)
-        if self._tb:
-            self._tb_check += 1
-            if self._tb_check >= 256:  # close tracebacks whose stream went quiet (bounded work)
-                self._tb_check = 0
-                for k in [k for k, v in self._tb.items() if self._order - v[2] > 512]:
-                    del self._tb[k]
-        # Python tracebacks, per stream
+        self.tracker.expire(self._order)
         in_tb = False
-        group = None
-        if src in ("vllm", "text"):
-            key = (file, pid)
-            st = self._tb.get(key)
-            if text.startswith("Traceback (most recent call last)") or (
-                "Traceback (most recent call last)" in text and text.rstrip().endswith(":")
-            ):
-                if st is None or st[0] != 3:
-                    st = [1, self._order, self._order]
-                else:
-                    st[0] = 1
-                self._tb[key] = st
-                group = st[1]
-            elif st is None and (ls := text.lstrip())[:1] in ("F", "^", "~"):
-                if ls.startswith('File "') and ", line " in text:
-                    # a paste that starts inside a traceback (its header cut off): frames open one
-                    self._tb[key] = [2, self._order, self._order]
-                    group = self._order
-                elif "^" in ls and not ls.rstrip().strip("^~"):
-                    # ... or starts at the caret marks under a frame's source line (Python 3.11+
-                    # prints them only in tracebacks): the exception line follows
-                    self._tb[key] = [1, self._order, self._order]
-                    group = self._order
-            elif (
-                st is None
-                and _EXC_LINE_RE.match(text)
-                and (self._after_carets(pid, file) or (src == "vllm" and ev.level in _TB_LEVELS))
-            ):
-                # the exception line right under caret marks that took the fast path (a paste
-                # that starts at the end of a traceback): it is the traceback's exception line.
-                # Also an ERROR record of a vLLM logger whose message *is* an exception line: vLLM
-                # logs a traceback line by line with the same prefix (logger.exception in
-                # vllm/v1/engine/core.py run_engine_core, multiproc_executor.py worker_busy_loop)
-                # and never words a message of its own as "SomeError: ..."; a paste that kept only
-                # that line lost the traceback's head, not its meaning
-                self._tb[key] = [3, self._order, self._order]
-                group = self._order
-                in_tb = True
-            elif st is not None:
-                st[2] = self._order
-                s0 = st[0]
-                stripped = text.strip()
-                if s0 == 2:
-                    # the source line under a frame: code, never evidence
-                    # (`raise RuntimeError(f"NCCL error: ...")` is not the error)
-                    st[0] = 1
-                    group = st[1]
-                    if not _EXC_LINE_RE.match(stripped):
-                        if "mq.dequeue(" in stripped:
-                            # ... except the EngineCore's wait on its workers' response queue
-                            # (signatures.yaml worker-response-dequeue-frame): on the stack only
-                            # when the exception came from inside the wait, it is the trace of a
-                            # hang in an excerpt cut before the exception line. Kept out of the
-                            # traceback group so it never subsumes the exception line's own verdict.
-                            ev.text = stripped
-                            return ev if self._classify(ev, False, file, lineno) is not None else None
-                        return None
-                    if text[:1] in (" ", "\t"):
-                        ev.text = stripped  # a traceback quoted with an indent (a report's list)
-                elif s0 == 1:
-                    group = st[1]
-                    if stripped.startswith("File "):
-                        st[0] = 2
-                        lf = self._tb_last_frame
-                        lf[group] = stripped
-                        if len(lf) > 4096:
-                            del lf[next(iter(lf))]
-                    elif not stripped or stripped.startswith(("^", "~")):
-                        pass
-                    elif stripped.startswith(("During handling", "The above exception")):
-                        pass
-                    elif _EXC_LINE_RE.match(stripped):
-                        in_tb = True
-                        st[0] = 3
-                        if text[:1] in (" ", "\t"):
-                            # the exception line of a traceback quoted with an indent (a report
-                            # that indents the whole paste): classified as Python printed it
-                            ev.text = stripped
-                    elif text[:1] in (" ", "\t"):
-                        return None  # indented source line of a frame
-                    else:
-                        # not a traceback line: the traceback was cut off (or its exception line
-                        # has an unusual shape); classify it as the exception line, then close
-                        in_tb = True
-                        del self._tb[key]
-                elif s0 == 3:
-                    if not stripped or stripped.startswith(("During handling", "The above exception")):
-                        group = st[1]
-                    else:
-                        del self._tb[key]
-            if group is not None:
-                ev.group = group
+        if ev.source in ("vllm", "text"):
+            pid = ev.pid
+            got = self.tracker.read(
+                ev,
+                (file, pid),
+                self._order,
+                lambda: self._after_carets(pid, file) or (ev.source == "vllm" and ev.level in _TB_LEVELS),
+            )
+            if got.step is Step.SKIP:
+                return None
+            if got.step is Step.WAIT_FRAME:
+                return ev if self._classify(ev, False, file, lineno) is not None else None
+            in_tb = got.in_tb
+            if got.group is not None:
+                ev.group = got.group
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None
         return ev
+
+    def _dump_frame(self, ev: Event, file: str, lineno: int) -> None:
+        """A frame line while a crash dump waits for its first frame (Python or native)."""
+        text = ev.text
+        if text.lstrip().startswith('File "'):
+            if file in self._frame_until and _FILE_NATIVE_FRAME_RE.match(text):
+                self._native_frame(ev, file, lineno)
+            else:
+                self._crash_frame(ev, file, lineno, self._last_line.get(file))
+        elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
+            self._native_frame(ev, file, lineno)
+
+    def _carry_time(self, ev: Event, file: str) -> None:
+        """Time carried forward per file for lines without their own stamp (ordering only)."""
+        t = ev.time
+        if t is not None:
+            if not (ev.source == "kernel" and "boot_s" in ev.extra):
+                self._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+            return
+        prev = self._last_line.pop(file, None)
+        if prev is not None:
+            pe = parse_line(prev)
+            pt = pe.time
+            if pt is not None and not (pe.source == "kernel" and "boot_s" in pe.extra):
+                self._last_t[file] = (pt.month, pt.day, pt.hour, pt.minute, pt.second, pt.microsecond)
+        if file in self._last_t:
+            ev.extra["_tkey"] = self._last_t[file]
+
+    def _kernel_continuation(self, ev: Event, file: str, lineno: int) -> bool:
+        """True when the line continues the kernel record of the previous line (a wrapped paste,
+        a multi-line record): appended to it, which is classified again when still unknown."""
+        text = ev.text
+        if not (ev.source == "text" and text[:1] in (" ", "\t") and file in self._last_kernel):
+            return False
+        kl, kev = self._last_kernel[file]
+        if kl != lineno - 1 or "Traceback" in text:
+            return False
+        self._last_kernel[file] = (lineno, kev)
+        kev.text = kev.text.rstrip() + " " + text.strip()
+        kernel_message_info(kev)
+        if kev.signature is None:
+            self._classify(kev, False, file, lineno)
+        return True
 
     def _quoted_root(
         self, ev: Event, start: int, in_tb: bool
@@ -927,7 +855,7 @@ class Analyzer:
         self.last_progress = self.last_stats = self.stall_stats = None
         self.facts_hang = None
         self.world_size = None
-        self._tb_check = 0
+        self.tracker.check = 0
 
     def _crash_frame(self, ev: Event, file: str, lineno: int, prev: str | None) -> None:
         """The first Python frame of the crashing thread in a crash dump (faulthandler prints
