@@ -77,6 +77,7 @@ _STATS_AT = re.compile(
     r"Avg prompt throughput: (?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) "
     r"tokens/s, Running: (?P<running>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<waiting>\d+) reqs"
 )
+_KEPT_ROLES = frozenset({"root", "precursor", "consequence"})  # roles kept as evidence
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL"})  # levels vLLM logs tracebacks at (logger.exception)
 # the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
@@ -505,6 +506,41 @@ class Analyzer(VerdictMixin):
         return m
 
     def _classify(self, ev: Event, in_tb: bool, file: str, lineno: int) -> Signature | None:
+        """Match the line against the table and keep it by its row's role; None when no row
+        matched or the match is not evidence (a client's text, code, a request's rejection)."""
+        m = self._match(ev, in_tb, file, lineno)
+        if m is None:
+            return None
+        sig, gd = m
+        role = sig.role
+        if ev.group is not None and sig.id != self._row["generic_exception"] and role in _KEPT_ROLES:
+            self._subsume_generic(ev.group)
+        if role == "progress":
+            if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
+                self._split_incarnation(file, lineno, _tkey(ev))
+            self._progress(ev, sig, gd)
+            return sig
+        if role == "context":
+            if sig.phase == "serving":
+                self.ready = True
+            return sig
+        if ev.text.lstrip().startswith("what():"):
+            self._what_line(ev, file, lineno, sig)
+        if role == "root":
+            self._root(ev, sig, file, lineno)
+        elif role == "precursor":
+            self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
+            lst = self.precursors.setdefault(sig.id, [])
+            if len(lst) < MAX_PER_SIGNATURE:
+                lst.append(ev)
+            elif sig.id in self._set["keep_latest"] or sig.cause == "startup-hang":
+                lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
+        else:
+            self._add_consequence(ev, sig)
+        return sig
+
+    def _match(self, ev: Event, in_tb: bool, file: str, lineno: int) -> tuple[Signature, dict[str, Any]] | None:
+        """The row matching the line (or the root it quotes), its groups copied to the event."""
         if _USER_TEXT_RE.match(ev.text):
             # a request's own text (uvicorn's access line with the path and query, vLLM's request
             # log with the prompt): anyone who reaches the port writes it, so it is never evidence
@@ -527,15 +563,16 @@ class Analyzer(VerdictMixin):
                 sig, mt = quoted
         if sig.id in self._set["signal_dumps"] and ev.level in _QUIET_LEVELS:
             return None
-        if sig.id == self._row["generic_exception"] and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
+        generic = sig.id == self._row["generic_exception"]
+        if generic and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
             # logged by an OpenAI request handler (vllm/entrypoints/openai/serving_*.py: "Error in
             # preprocessing prompt inputs" ...): one request was rejected with an HTTP error and
             # the server went on; not a failure of any process
             return None
-        if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
+        if self.dedup and sig.role in _KEPT_ROLES and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
-        if sig.id == self._row["generic_exception"] and ev.group is not None:
+        if generic and ev.group is not None:
             frame = self._tb_last_frame.get(ev.group)
             if frame is not None and _CONFIG_FRAME_RE.search(frame):
                 # raised while vLLM parsed its command line or checked its configuration
@@ -547,69 +584,49 @@ class Analyzer(VerdictMixin):
                 ev.extra[k] = v
         if ev.rank is None and gd.get("rank"):
             ev.rank = int(gd["rank"])
-        role = sig.role
-        if (
-            ev.group is not None
-            and sig.id != self._row["generic_exception"]
-            and role in ("root", "consequence", "precursor")
-        ):
-            gs = self._group_specific
-            gs[ev.group] = None
-            if len(gs) > 4096:
-                del gs[next(iter(gs))]
-            for pe in self._pyexc_by_group.get(ev.group, ()):
-                pe.extra["subsumed"] = True
-        if role == "progress":
-            if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
-                self._split_incarnation(file, lineno, _tkey(ev))
-            self._progress(ev, sig, gd)
-            return sig
-        if role == "context":
-            if sig.phase == "serving":
-                self.ready = True
-            return sig
-        if ev.text.lstrip().startswith("what():"):
-            self._what_line(ev, file, lineno, sig)
-        if role == "root":
-            if sig.id == self._row["uncaught_cxx"]:
-                self._last_terminate[file] = (lineno, ev)
-            elif sig.id == self._row["coredump"]:
-                self._last_coredump[file] = (lineno, ev)
-            elif sig.id == self._row["coredump_frame"]:
-                cd = self._last_coredump.get(file)
-                if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
-                    ev.pid = int(str(cd[1].extra.get("pid")))
-                    ev.process = str(cd[1].extra.get("comm") or "") or None
-            if sig.id == self._row["hang_fact"]:
-                self.facts_hang = ev
-            elif sig.id in self._set["signal_dumps"]:
-                cw = self._crash_wait.get((file, ev.pid))
-                if cw is None or lineno - cw[0] > 60:
-                    cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
-                cw[1].append(ev)
-                if sig.id in self._set["native_dumps"]:
-                    self._frame_until[file] = lineno + _NATIVE_WINDOW
-            if self._before_restart(ev, file):
-                # a kernel record from another file, stamped before the last restart: it belongs
-                # to the earlier incarnation (a kernel log read after the vLLM log)
-                assert self._earlier is not None
-                self._earlier._keep_root(sig.id, ev)
-                return sig
-            self._keep_root(sig.id, ev)
-            if sig.id == self._row["generic_exception"] and ev.group is not None:
-                if ev.group in self._group_specific:
-                    ev.extra["subsumed"] = True
-                self._pyexc_by_group.setdefault(ev.group, []).append(ev)
-        elif role == "precursor":
-            self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
-            lst = self.precursors.setdefault(sig.id, [])
-            if len(lst) < MAX_PER_SIGNATURE:
-                lst.append(ev)
-            elif sig.id in self._set["keep_latest"] or sig.cause == "startup-hang":
-                lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
-        else:
-            self._add_consequence(ev, sig)
-        return sig
+        return sig, gd
+
+    def _subsume_generic(self, group: int) -> None:
+        """A specific row matched in traceback `group`: its generic exception line is subsumed."""
+        gs = self._group_specific
+        gs[group] = None
+        if len(gs) > 4096:
+            del gs[next(iter(gs))]
+        for pe in self._pyexc_by_group.get(group, ()):
+            pe.extra["subsumed"] = True
+
+    def _root(self, ev: Event, sig: Signature, file: str, lineno: int) -> None:
+        """Keep a root candidate; remember what later lines complete (a terminate's what(), a
+        core dump's frames, a crash dump's first frame)."""
+        if sig.id == self._row["uncaught_cxx"]:
+            self._last_terminate[file] = (lineno, ev)
+        elif sig.id == self._row["coredump"]:
+            self._last_coredump[file] = (lineno, ev)
+        elif sig.id == self._row["coredump_frame"]:
+            cd = self._last_coredump.get(file)
+            if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
+                ev.pid = int(str(cd[1].extra.get("pid")))
+                ev.process = str(cd[1].extra.get("comm") or "") or None
+        if sig.id == self._row["hang_fact"]:
+            self.facts_hang = ev
+        elif sig.id in self._set["signal_dumps"]:
+            cw = self._crash_wait.get((file, ev.pid))
+            if cw is None or lineno - cw[0] > 60:
+                cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
+            cw[1].append(ev)
+            if sig.id in self._set["native_dumps"]:
+                self._frame_until[file] = lineno + _NATIVE_WINDOW
+        if self._before_restart(ev, file):
+            # a kernel record from another file, stamped before the last restart: it belongs
+            # to the earlier incarnation (a kernel log read after the vLLM log)
+            assert self._earlier is not None
+            self._earlier._keep_root(sig.id, ev)
+            return
+        self._keep_root(sig.id, ev)
+        if sig.id == self._row["generic_exception"] and ev.group is not None:
+            if ev.group in self._group_specific:
+                ev.extra["subsumed"] = True
+            self._pyexc_by_group.setdefault(ev.group, []).append(ev)
 
     def _before_restart(self, ev: Event, file: str) -> bool:
         """True for a kernel record read from another file than the one vLLM restarted in whose
