@@ -334,8 +334,7 @@ class Analyzer(VerdictMixin):
         ac_find = self._ac.find_matches_as_indexes if self._ac is not None and hits is None else None
         use_hits = hits is not None
         hitset = hits or set()
-        stats_sig = self._stats_sig
-        stats_search = stats_sig.pattern.search if stats_sig is not None else None
+        stats_search = self._stats_sig.pattern.search if self._stats_sig is not None else None
         last_line = self._last_line
         pid_last_raw = self.pid_last_raw
         prefix_seen = self._prefix_seen
