@@ -8,7 +8,7 @@ from functools import cmp_to_key
 from typing import Any
 
 from xpu_serve.analysis.deaths import death_signal
-from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.incident import Group, Incident
 from xpu_serve.analysis.subject import SubjectMixin
 from xpu_serve.analysis.timeorder import boot, cmp_time
 from xpu_serve.events import Event
@@ -49,17 +49,13 @@ class ContractMixin(SubjectMixin):
 
     def _consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
-    ) -> list[dict[str, Any]]:
-        groups: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
-        for (sid, proc, rank), g in self.groups.items():
-            groups[(sid, proc, rank)] = {
-                "sig": g.sig,
-                "process": proc,
-                "rank": rank,
-                "pid": g.pid,
-                "first": g.first,
-                "count": g.count,
-            }
+    ) -> list[Group]:
+        """What followed the root, counted per (signature, process, rank) in time order: the
+        store's consequence groups, the root candidates that lost and the demoted ones (not the
+        root, not `skip`: the root's own evidence)."""
+        groups: dict[tuple[str, str | None, int | None], Group] = {
+            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.groups.items()
+        }
         # root candidates that lost are consequences of the root
         seen_ids = set()
         for sid, evs in self.roots.items():
@@ -72,45 +68,22 @@ class ContractMixin(SubjectMixin):
             if extra > 0 and evs:
                 k = next((k for k in groups if k[0] == sid), None)
                 if k is not None:
-                    groups[k]["count"] += extra
+                    groups[k].count += extra
         for ev in demoted:
             if id(ev) not in seen_ids and ev is not root and id(ev) not in skip:
                 self._add_to(groups, ev, ev.signature or "")
         out = list(groups.values())
-        out.sort(key=cmp_to_key(lambda a, b: cmp_time(a["first"], b["first"])))
+        out.sort(key=cmp_to_key(lambda a, b: cmp_time(a.first, b.first)))
         return out
 
-    def _add_to(
-        self, groups: dict[tuple[str, str | None, int | None], dict[str, Any]], ev: Event, sid: str
-    ) -> None:
-        notes: list[str] = []
-        proc, rank, pid = self._subject(ev, notes, link=False)
+    def _add_to(self, groups: dict[tuple[str, str | None, int | None], Group], ev: Event, sid: str) -> None:
+        proc, rank, pid = self._subject(ev, [], link=False)
         key = (sid, proc, rank)
         g = groups.get(key)
         if g is None:
-            groups[key] = {
-                "sig": self.table.by_id[sid],
-                "process": proc,
-                "rank": rank,
-                "pid": pid,
-                "first": ev,
-                "count": 1,
-            }
+            groups[key] = Group(self.table.by_id[sid], proc, rank, pid, ev, 1)
         else:
-            g["count"] += 1
-
-    def _cons_contract(self, g: dict[str, Any]) -> dict[str, Any]:
-        ev: Event = g["first"]
-        return {
-            "signature": g["sig"].id,
-            "process": g["process"],
-            "rank": g["rank"],
-            "pid": g["pid"],
-            "count": g["count"],
-            "file": ev.file,
-            "line": ev.line,
-            "text": ev.text.strip()[:500],
-        }
+            g.count += 1
 
     def _timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None

@@ -22,6 +22,20 @@ class Group:
     first: Event
     count: int = 0
 
+    def to_contract(self) -> dict[str, Any]:
+        """The contract's consequence: {signature, process, rank, pid, count, file, line, text}."""
+        ev = self.first
+        return {
+            "signature": self.sig.id,
+            "process": self.process,
+            "rank": self.rank,
+            "pid": self.pid,
+            "count": self.count,
+            "file": ev.file,
+            "line": ev.line,
+            "text": ev.text.strip()[:500],
+        }
+
 
 @dataclass
 class Incident:
@@ -49,7 +63,7 @@ class Incident:
     advice: str = ""
     root_label: str | None = None
     root_evidence: list[dict[str, Any]] = field(default_factory=list)
-    consequence_groups: list[dict[str, Any]] = field(default_factory=list)
+    consequence_groups: list[Group] = field(default_factory=list)
     startup: dict[str, Any] | None = None
     lines_read: int = 0
     files: list[str] = field(default_factory=list)

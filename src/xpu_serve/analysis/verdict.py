@@ -253,7 +253,7 @@ class VerdictMixin(ContractMixin):
         if self.lines == 0 and not self.roots:
             notes.append("the input is empty")
         inc.consequence_groups = self._consequence_groups(None, v.demoted)
-        inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
+        inc.consequences = [g.to_contract() for g in inc.consequence_groups]
         inc.timeline = self._timeline(None, v.demoted)
         return inc
 
@@ -350,7 +350,7 @@ class VerdictMixin(ContractMixin):
             inc.root["evidence"] = inc.root_evidence
         ev_ids = {id(e) for e in evidence}
         inc.consequence_groups = self._consequence_groups(root, v.demoted, ev_ids)
-        inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
+        inc.consequences = [g.to_contract() for g in inc.consequence_groups]
         inc.timeline = self._timeline(v.tl_root, v.demoted, evidence)
         inc.summary = self._summary(inc, root, evidence)
 
