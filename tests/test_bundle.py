@@ -30,9 +30,10 @@ from xpu_serve.bundle import (
     write_bundle,
     write_incident_bundle,
 )
-from xpu_serve.collectors import DEFAULT_COLLECTORS, CollectInputs, CollectorIO, boot_time, dump_stacks
+from xpu_serve.collectors import DEFAULT_COLLECTORS, CollectInputs, CollectorIO, dump_stacks
 from xpu_serve.config import Config
 from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.sources.kernel import boot_offset
 
 SECRETS = {
     "config": "sk-CONFIG-4f1e9a",
@@ -315,12 +316,13 @@ def test_hang_trigger_takes_stacks_itself(tmp_path: Path, children: list[subproc
 
 def test_kernel_log_window_and_firmware(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     ctx = make_ctx(tmp_path, children)
-    boot = boot_time()
+    boot = boot_offset()
     usec = lambda t: int((t - boot) * 1e6)  # noqa: E731
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(
-        f"6,100,{usec(ctx.started_at - 3600)},-;xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.44.1\n"
-        f"6,101,{usec(ctx.started_at - 3599)},-;xe 0000:03:00.0: [drm] Using HuC firmware from xe/bmg_huc.bin version 8.2.10\n"
+        # firmware lines from boot (kmsg stamps are >= 0), before the look-back window
+        f"6,100,{usec(boot + 1)},-;xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.44.1\n"
+        f"6,101,{usec(boot + 2)},-;xe 0000:03:00.0: [drm] Using HuC firmware from xe/bmg_huc.bin version 8.2.10\n"
         f"3,200,{usec(ctx.started_at - 30)},-;old record inside the look-back\n"
         " SUBSYSTEM=pci\n"
         f"3,300,{usec(ctx.started_at + 5)},-;VLLM::Worker_TP[4242]: segfault at 0 ip 00007f in libze_intel_gpu.so.1.14.37020[7f+1000]\n"

@@ -43,6 +43,8 @@ import psutil
 from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
+from xpu_serve.sources import kernel as ksrc
+from xpu_serve.sources.kernel import KernelRecord
 from xpu_serve.state import pid_alive
 
 # ----------------------------------------------------------------------------------------------
@@ -481,11 +483,11 @@ class CollectInputs:
     _kmsg_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def kmsg_records(self, deadline: float | None = None) -> list[KernelRecord]:
-        """The kernel ring buffer (`read_kmsg(kmsg_path)`), read once and shared by the kernel
+        """The kernel ring buffer (`sources.kernel.read_kmsg(kmsg_path)`), read once and shared by the kernel
         and versions collectors. Raises OSError when it cannot be read."""
         with self._kmsg_lock:
             if self._kmsg is None:
-                self._kmsg = read_kmsg(self.kmsg_path, deadline)
+                self._kmsg = ksrc.read_kmsg(self.kmsg_path, deadline)
             return self._kmsg
 
     def live_processes(self) -> list[ProcessInfo]:
@@ -596,112 +598,10 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
 # kernel log
 
 
-@dataclass
-class KernelRecord:
-    """One kernel log record: priority (0-7, facility stripped), sequence number, wall time
-    (epoch seconds, converted from the boot-relative stamp) and message."""
-
-    prio: int
-    seq: int | None
-    time: float
-    msg: str
-
-    def iso(self) -> str:
-        """The record as `dmesg --time-format iso` prints it: "2026-11-30T09:04:12,123456+00:00 msg"."""
-        dt = datetime.fromtimestamp(self.time).astimezone()
-        stamp = dt.strftime("%Y-%m-%dT%H:%M:%S,%f%z")
-        return f"{stamp[:-2]}:{stamp[-2:]} {self.msg}"
-
-
-def boot_time() -> float:
-    """Wall-clock time of boot (epoch seconds) on the clock that kernel log stamps use.
-
-    /dev/kmsg stamps are microseconds of the kernel's local_clock (kernel/printk/printk.c),
-    which runs like CLOCK_MONOTONIC (not counting suspend)."""
-    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-def read_kmsg(path: Path = Path("/dev/kmsg"), deadline: float | None = None) -> list[KernelRecord]:
-    """All records still in the kernel ring buffer, read from `/dev/kmsg` without blocking.
-
-    Format (Documentation/ABI/testing/dev-kmsg): one record per read(),
-    "prio,seq,usec,flags[,...];message" followed by continuation lines " KEY=value" (dropped here).
-    EPIPE (records overwritten while reading) is skipped. Raises OSError when it cannot be opened.
-    A regular file in the same format (one record per line, as `cat /dev/kmsg` saves them) is
-    read line by line.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    boot = boot_time()
-    out: list[KernelRecord] = []
-    if not stat_is_chr(fd):
-        with os.fdopen(fd, "rb") as f:
-            for raw in f:
-                rec = _parse_kmsg(raw, boot)
-                if rec is not None:
-                    out.append(rec)
-        return out
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            try:
-                raw = os.read(fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                if e.errno == errno.EPIPE:
-                    continue
-                raise
-            if not raw:
-                break
-            rec = _parse_kmsg(raw, boot)
-            if rec is not None:
-                out.append(rec)
-    finally:
-        os.close(fd)
-    return out
-
-
-def stat_is_chr(fd: int) -> bool:
-    """True when the descriptor is a character device (the real /dev/kmsg)."""
-    import stat as st
-
-    return st.S_ISCHR(os.fstat(fd).st_mode)
-
-
-def _parse_kmsg(raw: bytes, boot: float) -> KernelRecord | None:
-    head, sep, rest = raw.decode("utf-8", "replace").partition(";")
-    if not sep:
-        return None
-    fields = head.split(",")
-    try:
-        prio = int(fields[0]) & 7
-        seq = int(fields[1])
-        usec = int(fields[2])
-    except (ValueError, IndexError):
-        return None
-    return KernelRecord(prio, seq, boot + usec / 1e6, rest.split("\n", 1)[0])
-
-
-_DMESG_ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d)\s(.*)$")
-
-
-def _parse_iso_lines(text: str) -> list[KernelRecord]:
-    out: list[KernelRecord] = []
-    for line in text.splitlines():
-        m = _DMESG_ISO_RE.match(line)
-        if not m:
-            continue
-        try:
-            tz = m.group(3).replace(":", "")
-            dt = datetime.strptime(f"{m.group(1)}.{m.group(2)[:6]}{tz}", "%Y-%m-%dT%H:%M:%S.%f%z")
-        except ValueError:
-            continue
-        out.append(KernelRecord(6, None, dt.timestamp(), m.group(4)))
-    return out
-
-
 def kernel_records(inputs: CollectInputs, io: CollectorIO) -> tuple[list[KernelRecord], str]:
-    """Kernel records from the best source that works: /dev/kmsg, then `journalctl -k`, then
-    `dmesg`. Returns (records, a sentence naming the source); no records when none works."""
+    """Kernel records from the best source that works: the ring buffer (`kmsg_path`), then
+    `journalctl -k`, then `dmesg`, framed by the kernel-log reader (`xpu_serve.sources.kernel`).
+    Returns (records, a sentence naming the source); no records when none works."""
     problems = []
     try:
         recs = inputs.kmsg_records(io.deadline)
@@ -710,22 +610,15 @@ def kernel_records(inputs: CollectInputs, io: CollectorIO) -> tuple[list[KernelR
         problems.append(f"{inputs.kmsg_path}: no records")
     except OSError as e:
         problems.append(f"{inputs.kmsg_path}: {e.strerror}")
-    since = int(inputs.started_at - inputs.kernel_lookback_s)
-    r = io.run(["journalctl", "-k", "-o", "short-iso-precise", "--no-pager", f"--since=@{since}"])
-    if r.returncode == 0 and r.stdout.strip():
-        recs = []
-        for line in r.stdout.splitlines():
-            # "2026-11-30T09:04:12.123456+0000 host kernel: msg"
-            parts = line.split(" ", 3)
-            if len(parts) == 4 and parts[2] == "kernel:":
-                recs += _parse_iso_lines(f"{parts[0]} {parts[3]}")
-        if recs:
-            return recs, "journalctl -k"
-    problems.append(r.describe())
-    r = io.run(["dmesg", "--time-format", "iso"])
-    if r.returncode == 0 and r.stdout.strip():
-        return _parse_iso_lines(r.stdout), "dmesg --time-format iso"
-    problems.append(r.describe())
+    since = float(int(inputs.started_at - inputs.kernel_lookback_s))
+    for src in (ksrc.JournalctlSource(since), ksrc.DmesgSource(since)):
+        argv = src.snapshot_argv()
+        r = io.run(argv)
+        if r.returncode == 0 and r.stdout.strip():
+            recs = src.frame_output(r.stdout)
+            if recs:
+                return recs, " ".join(argv)
+        problems.append(r.describe())
     return [], "no kernel log source worked: " + "; ".join(problems)
 
 
@@ -742,7 +635,7 @@ def collect_kernel(inputs: CollectInputs, io: CollectorIO) -> None:
         return
     recs, source = kernel_records(inputs, io)
     since = inputs.started_at - inputs.kernel_lookback_s
-    window = [r for r in recs if r.time >= since]
+    window = [r for r in recs if r.wall is not None and r.wall >= since]
     io.note(f"source: {source}; {len(window)} of {len(recs)} records since {_iso(since)}")
     io.write_text("kernel.log", "".join(r.iso() + "\n" for r in window))
 
@@ -1093,9 +986,9 @@ def collect_versions(inputs: CollectInputs, io: CollectorIO) -> None:
         lines.append(f"kernel log unreadable: {e.strerror}")
     fw = []
     for rec in recs:
-        m = _FW_RE.search(rec.msg)
+        m = _FW_RE.search(rec.message)
         if m:
-            fw.append(rec.msg.strip())
+            fw.append(rec.message.strip())
     lines += fw or ["no GuC/HuC/GSC firmware line in the kernel ring buffer"]
     lines += ["", "## GPU runtime libraries mapped (/proc/PID/maps)"]
     live = inputs.live_processes()
