@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import aio
+from xpu_serve import aio, procfs
 from xpu_serve.collectors import (
     DEFAULT_COLLECTORS,
     DIR_MODE,
@@ -54,8 +54,6 @@ from xpu_serve.collectors import (
     Collector,
     CollectorOutcome,
     config_dump,
-    read_cmdline,
-    read_environ,
     run_collectors,
 )
 from xpu_serve.fsread import read_regular
@@ -185,10 +183,10 @@ def gather_secrets(config: Any, processes: list[ProcessInfo]) -> list[str]:
     found = secrets_in_mapping(config_dump(config))
     found += secrets_in_env(os.environ)
     for p in processes:
-        env = read_environ(p.pid)
+        env = procfs.environ(p.pid)
         if env:
             found += secrets_in_env(env)
-        argv = read_cmdline(p.pid)
+        argv = procfs.cmdline(p.pid)
         if argv:
             found += secrets_in_argv(argv)
             if len(argv) == 1 and " " in argv[0]:  # a process title holding the whole command line

@@ -38,14 +38,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from xpu_serve import procfs
 from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
 from xpu_serve.sources import kernel as ksrc
 from xpu_serve.sources.kernel import KernelRecord
-from xpu_serve.state import pid_alive
 
 # ----------------------------------------------------------------------------------------------
 # infrastructure
@@ -492,32 +490,7 @@ class CollectInputs:
 
     def live_processes(self) -> list[ProcessInfo]:
         """Processes not known to have exited whose /proc entry still exists (not a zombie)."""
-        return [p for p in self.processes if p.exit_code is None and p.signal is None and pid_alive(p.pid)]
-
-
-def read_environ(pid: int) -> dict[str, str] | None:
-    """The initial environment of a process from /proc/PID/environ (NUL-separated, proc(5)), or None."""
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    env: dict[str, str] = {}
-    for item in data.split(b"\0"):
-        if b"=" in item:
-            k, _, v = item.partition(b"=")
-            env[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
-    return env
-
-
-def read_cmdline(pid: int) -> list[str] | None:
-    """argv of a process from /proc/PID/cmdline (NUL-separated), or None. A process that set its
-    title (vLLM's `VLLM::Worker_TP0` via setproctitle) shows the title as one string."""
-    try:
-        data = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    parts = data.rstrip(b"\0").split(b"\0")
-    return [p.decode("utf-8", "surrogateescape") for p in parts if p] or None
+        return [p for p in self.processes if p.exit_code is None and p.signal is None and procfs.alive(p.pid)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,14 +504,6 @@ def find_py_spy() -> str | None:
         return found
     cand = Path(sys.executable).parent / "py-spy"
     return str(cand) if cand.exists() else None
-
-
-def _is_stopped(pid: int) -> bool:
-    """True when `pid` is in job-control or trace stop (psutil status "stopped"/"tracing-stop")."""
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except (psutil.Error, OSError):
-        return False
 
 
 def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict[int, str]:
@@ -568,7 +533,7 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
         # pause (PTRACE_INTERRUPT, then waitpid) can see the pending group-stop instead and
         # fail with "Failed to suspend process / unexpected waitpid result ... SIGSTOP"
         # (py-spy src/python_spy.rs get_stack_traces). Reading it without pausing is consistent.
-        stopped = _is_stopped(pid)
+        stopped = procfs.state(pid) in ("T", "t")
         r = run_tool(argv + (["--nonblocking"] if stopped else []), timeout_s)
         if r.returncode != 0 and not r.timed_out and not stopped and "suspend" in (r.stderr or ""):
             left = timeout_s - (time.monotonic() - t0)
@@ -778,7 +743,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     live_pids = {p.pid for p in live}
     env = None
     for p in live:
-        env = read_environ(p.pid)
+        env = procfs.environ(p.pid)
         if env is not None:
             lines.append(f"# environment of pid {p.pid} ({p.name}) from /proc/{p.pid}/environ, redacted")
             break
@@ -789,7 +754,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines += [f"{k}={v}" for k, v in sorted(red.items())]
     # the other processes' environments as differences (vLLM and oneCCL set per-rank variables)
     for p in live[1:]:
-        other = read_environ(p.pid)
+        other = procfs.environ(p.pid)
         if other is None or other == env:
             continue
         o = io.writer.redactor.env(other)
@@ -799,7 +764,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines.append("")
     lines.append("# argv of the incarnation's processes (/proc/PID/cmdline), redacted")
     for p in inputs.processes:
-        argv = read_cmdline(p.pid) if p.pid in live_pids else None
+        argv = procfs.cmdline(p.pid) if p.pid in live_pids else None
         state = "alive" if p.pid in live_pids else "exited"
         shown = " ".join(io.writer.redactor.argv(argv)) if argv else "(not available)"
         lines.append(f"pid {p.pid} {p.name} [{state}]: {shown}")
@@ -875,11 +840,11 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
     $VIRTUAL_ENV/bin/python of its environment, else /proc/PID/exe. Without one: the shebang of
     the config's engine command. Returns (path or None, how, that process's env, its cwd)."""
     for p in inputs.live_processes():
-        env = read_environ(p.pid)
+        env = procfs.environ(p.pid)
         cwd = None
         with contextlib.suppress(OSError):
             cwd = os.readlink(f"/proc/{p.pid}/cwd")
-        argv = read_cmdline(p.pid) or []
+        argv = procfs.cmdline(p.pid) or []
         if argv and "python" in os.path.basename(argv[0]):
             cand = argv[0]
             if os.sep not in cand:
@@ -922,16 +887,9 @@ def mapped_libraries(pids: Iterable[int]) -> dict[int, list[str]]:
     from /proc/PID/maps (proc(5): the path is the 6th field). pid -> sorted paths."""
     out: dict[int, list[str]] = {}
     for pid in pids:
-        libs: set[str] = set()
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    parts = line.split(None, 5)
-                    if len(parts) == 6 and _LIB_RE.search(parts[5]):
-                        libs.add(parts[5].strip())
-        except OSError:
-            continue
-        out[pid] = sorted(libs)
+        paths = procfs.mapped_paths(pid)
+        if paths is not None:
+            out[pid] = sorted(p.strip() for p in paths if _LIB_RE.search(p))
     return out
 
 

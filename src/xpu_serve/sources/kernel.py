@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import aio
+from xpu_serve import aio, procfs
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo
 
@@ -798,27 +798,6 @@ def in_initial_pid_namespace() -> bool:
     return link == f"pid:[{PROC_PID_INIT_INO}]"
 
 
-def read_nspids(pid: int) -> list[int]:
-    """`NSpid:` of /proc/PID/status: the pid in every namespace from this /proc's down; [] if gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
-
-
-def read_comm(pid: int) -> str | None:
-    """/proc/PID/comm, or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().rstrip("\n")
-    except OSError:
-        return None
-
-
 @dataclass
 class Correlation:
     """Which of our processes a kernel record is about.
@@ -860,10 +839,10 @@ class Correlator:
         self.processes = dict(processes)
         for pid, info in processes.items():
             if pid not in self.comm:
-                c = read_comm(pid)
+                c = procfs.comm(pid)
                 self.comm[pid] = c if c is not None else expected_comm(info)
             if pid not in self.nspids:
-                ns = read_nspids(pid)
+                ns = procfs.nspids(pid)
                 if ns:
                     self.nspids[pid] = ns
 
