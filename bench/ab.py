@@ -5,7 +5,7 @@
 BASE_SRC / NEW_SRC are directories holding the `xpu_serve` package (e.g. a `git archive` of
 main's `src` unpacked in a mkdtemp directory, and this tree's `src`), put first on PYTHONPATH.
 Runs alternate (base, new, base, new...) so load on a shared machine hits both alike. A figure
-is every output line `LABEL: NUMBER UNIT...` (thousands separators allowed); lines whose label
+is every output line `LABEL: NUMBER UNIT...` with a rate (`records/s`, `MB/s`) or time unit (`s`, `ms`, `us`); lines whose label
 differs between runs are matched by label. Prints, per label: base median, new median, new/base.
 """
 
@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 _FIGURE_RE = re.compile(r"^([^:]+):\s+([\d,]+(?:\.\d+)?)\s+(\S+)")
+_TIME_UNITS = ("s", "ms", "us")
 
 
 def figures(text: str) -> dict[str, tuple[float, str]]:
@@ -26,7 +27,7 @@ def figures(text: str) -> dict[str, tuple[float, str]]:
     out: dict[str, tuple[float, str]] = {}
     for line in text.splitlines():
         m = _FIGURE_RE.match(line)
-        if m:
+        if m and ("/" in m.group(3) or m.group(3) in _TIME_UNITS):
             out[m.group(1).strip()] = (float(m.group(2).replace(",", "")), m.group(3))
     return out
 

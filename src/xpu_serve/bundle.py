@@ -881,19 +881,6 @@ class BundleRequestWatcher:
             await aio.wait_event(self._wake, self.interval_s)
 
 
-def catches_signal(pid: int, signum: int) -> bool | None:
-    """Does `pid` catch `signum`? From the `SigCgt:` mask of /proc/PID/status (bit signum-1;
-    fs/proc/array.c render_sigset_t). None when the file cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def wake_supervisor(pid: int | None) -> bool | None:
     """Send SIGUSR1 to the supervisor `pid` (from its lock file or state.json) so it scans
     RUNTIME/requests/ at once.
@@ -905,7 +892,7 @@ def wake_supervisor(pid: int | None) -> bool | None:
     """
     if pid is None or pid <= 0:
         return False
-    caught = catches_signal(pid, signal.SIGUSR1)
+    caught = procfs.catches_signal(pid, signal.SIGUSR1)
     if caught is None:
         return False
     if not caught:

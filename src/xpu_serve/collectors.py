@@ -841,9 +841,7 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
     the config's engine command. Returns (path or None, how, that process's env, its cwd)."""
     for p in inputs.live_processes():
         env = procfs.environ(p.pid)
-        cwd = None
-        with contextlib.suppress(OSError):
-            cwd = os.readlink(f"/proc/{p.pid}/cwd")
+        cwd = procfs.cwd(p.pid)
         argv = procfs.cmdline(p.pid) or []
         if argv and "python" in os.path.basename(argv[0]):
             cand = argv[0]
@@ -856,11 +854,8 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
         venv = (env or {}).get("VIRTUAL_ENV")
         if venv and os.access(os.path.join(venv, "bin", "python"), os.X_OK):
             return os.path.join(venv, "bin", "python"), f"$VIRTUAL_ENV of {p.name} (pid {p.pid})", env, cwd
-        try:
-            exe = os.readlink(f"/proc/{p.pid}/exe")
-        except OSError:
-            continue
-        if "python" in os.path.basename(exe):
+        exe = procfs.exe(p.pid)
+        if exe and "python" in os.path.basename(exe):
             return exe, f"/proc/{p.pid}/exe of {p.name}", env, cwd
     cmd = inputs.engine_command or []
     if cmd:

@@ -11,6 +11,7 @@ Read by hand, because psutil has no call for them:
 - `mapped_paths`, `fd_targets`: psutil's `memory_maps()` reads smaps (a page walk per mapping)
   and `open_files()` regular files only, with fdinfo per fd; the shared-memory sweep polls
   these and needs /dev/shm paths, deleted ones marked, at the cost of maps and readlink alone.
+- `catches_signal`: the `SigCgt:` mask of /proc/PID/status (fs/proc/array.c render_sigset_t).
 - `stat_fields`: /proc/PID/stat after the command name, for the session id (field 6) and the
   wait status of a zombie (field 52, `exit_code`, Linux >= 3.5) that psutil does not give.
 """
@@ -58,6 +59,22 @@ def environ(pid: int) -> dict[str, str] | None:
     setproctitle blanks it unless the process ran with SPT_NOENV=1."""
     try:
         return dict(psutil.Process(pid).environ())
+    except psutil.Error:
+        return None
+
+
+def cwd(pid: int) -> str | None:
+    """Working directory of `pid`, None when gone or not readable."""
+    try:
+        return psutil.Process(pid).cwd() or None
+    except psutil.Error:
+        return None
+
+
+def exe(pid: int) -> str | None:
+    """The executable of `pid` (/proc/PID/exe: symlinks resolved), None when gone or not readable."""
+    try:
+        return psutil.Process(pid).exe() or None
     except psutil.Error:
         return None
 
@@ -164,6 +181,18 @@ def fd_targets(pid: int) -> list[str]:
         except OSError:
             continue
     return out
+
+
+def catches_signal(pid: int, signum: int) -> bool | None:
+    """Does `pid` catch `signum`? Bit signum-1 of `SigCgt:`. None when the file cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:

@@ -155,13 +155,15 @@ def frame_kmsg(text: str, origin: str = "kmsg", offset: float | None = None) -> 
         return None
     boot_s = int(m.group(3)) / 1e6
     fields: dict[str, str] = {}
-    for cont in rest.split("\n") if rest else ():
-        if cont.startswith(" ") and "=" in cont:
-            k, _, v = cont[1:].partition("=")
-            fields[k] = v
+    if rest:
+        for cont in rest.split("\n"):
+            if cont.startswith(" ") and "=" in cont:
+                k, _, v = cont[1:].partition("=")
+                fields[k] = v
+    message = first[m.end() :]
     return KernelRecord(
         line=first,
-        message=unescape_kmsg(first[m.end() :]),
+        message=unescape_kmsg(message) if "\\x" in message else message,
         origin=origin,
         seq=int(m.group(2)),
         prio=int(m.group(1)) & 7,
