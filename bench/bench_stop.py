@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 
-from xpu_serve import cleanup
+from xpu_serve import cleanup, procfs
 
 TREE = r"""
 import ctypes, os, signal, time
@@ -42,7 +42,7 @@ def one_stop(hang: bool, grace_s: float) -> cleanup.StopReport:
         [sys.executable, "-c", TREE], env=env, stdout=subprocess.PIPE, start_new_session=True
     )
     assert p.stdout is not None and p.stdout.readline() == b"up\n"
-    while not any(cleanup.proc_state(m) == "t" for m in cleanup.find_members(run_id, 1, [p.pid])):
+    while not any(procfs.state(m) == "t" for m in cleanup.find_members(run_id, 1, [p.pid])):
         time.sleep(0.05)
     rep = asyncio.run(cleanup.stop_tree(p.pid, run_id, 1, [p.pid], grace_s=grace_s, hang=hang))
     p.wait(timeout=10)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -30,9 +32,10 @@ from xpu_serve.bundle import (
     write_bundle,
     write_incident_bundle,
 )
-from xpu_serve.collectors import DEFAULT_COLLECTORS, CollectInputs, CollectorIO, boot_time, dump_stacks
+from xpu_serve.collectors import DEFAULT_COLLECTORS, CollectInputs, CollectorIO, dump_stacks
 from xpu_serve.config import Config
 from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.sources.kernel import boot_offset
 
 SECRETS = {
     "config": "sk-CONFIG-4f1e9a",
@@ -315,12 +318,13 @@ def test_hang_trigger_takes_stacks_itself(tmp_path: Path, children: list[subproc
 
 def test_kernel_log_window_and_firmware(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     ctx = make_ctx(tmp_path, children)
-    boot = boot_time()
+    boot = boot_offset()
     usec = lambda t: int((t - boot) * 1e6)  # noqa: E731
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(
-        f"6,100,{usec(ctx.started_at - 3600)},-;xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.44.1\n"
-        f"6,101,{usec(ctx.started_at - 3599)},-;xe 0000:03:00.0: [drm] Using HuC firmware from xe/bmg_huc.bin version 8.2.10\n"
+        # firmware lines from boot (kmsg stamps are >= 0), before the look-back window
+        f"6,100,{usec(boot + 1)},-;xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.44.1\n"
+        f"6,101,{usec(boot + 2)},-;xe 0000:03:00.0: [drm] Using HuC firmware from xe/bmg_huc.bin version 8.2.10\n"
         f"3,200,{usec(ctx.started_at - 30)},-;old record inside the look-back\n"
         " SUBSYSTEM=pci\n"
         f"3,300,{usec(ctx.started_at + 5)},-;VLLM::Worker_TP[4242]: segfault at 0 ip 00007f in libze_intel_gpu.so.1.14.37020[7f+1000]\n"
@@ -545,3 +549,30 @@ def test_prefixed_or_unattributed_root_appends_nothing(tmp_path: Path) -> None:
     assert attribute_root_block({"root": {**root, "line": 2, "file": "/elsewhere/vllm.log"}}, tmp_path) is None
     got = attribute_root_block({"root": {**root, "line": 2}}, tmp_path)
     assert got is not None and got[0] == "Worker_TP1" and got[1].endswith("plain line\n")
+
+
+@pytest.mark.skipif(not (shutil.which("journalctl") and shutil.which("dmesg")), reason="needs journalctl and dmesg")
+def test_kernel_log_falls_back_to_journalctl_then_dmesg(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:\d\d ")
+    boot = boot_offset()
+    notes = {}
+    for tools in (("journalctl", "dmesg"), ("dmesg",)):
+        bindir = tmp_path / "-".join(tools)
+        bindir.mkdir()
+        for t in tools:
+            (bindir / t).symlink_to(shutil.which(t) or t)
+        monkeypatch.setenv("PATH", f"{bindir}")
+        ctx = make_ctx(tmp_path / bindir.name, children)
+        ctx.started_at = boot + 61.0  # the window (60 s look-back) starts 1 s after boot
+        res = write_bundle(ctx, trigger(), INCIDENT, "r\n", None, kmsg_path=tmp_path / "no-kmsg")
+        assert res.path is not None
+        lines = (res.path / "kernel.log").read_text().splitlines()
+        manifest = json.loads((res.path / "bundle.json").read_text())
+        (note,) = [n for c in manifest["collectors"] if c["name"] == "kernel" for n in c["notes"]]
+        notes[tools[0]] = note
+        if "records since" in note and not note.split("; ")[1].startswith("0 of"):
+            assert lines and all(iso.match(ln) for ln in lines), lines[:3]
+    assert notes["journalctl"].startswith("source: journalctl -k -o json"), notes
+    assert notes["dmesg"].startswith("source: dmesg --nopager"), notes

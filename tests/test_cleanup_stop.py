@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 
-from xpu_serve import cleanup
+from xpu_serve import cleanup, procfs
 
 # leader ignores SIGTERM and forks: a child that ignores SIGTERM, and a child that stops under
 # ptrace (PTRACE_TRACEME then SIGSTOP: the leader is its tracer and never resumes it)
@@ -39,7 +39,7 @@ def _start_tree(run_id: str) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         members = cleanup.find_members(run_id, 1, [p.pid])
-        if len(members) == 3 and any(cleanup.proc_state(m) == "t" for m in members):
+        if len(members) == 3 and any(procfs.state(m) == "t" for m in members):
             return p
         time.sleep(0.05)
     raise AssertionError(f"tree not up: {members}")
@@ -55,7 +55,7 @@ def _stop(p: subprocess.Popen[bytes], run_id: str, hang: bool) -> cleanup.StopRe
 def test_hang_stop_kills_what_cannot_exit_early() -> None:
     run_id = uuid.uuid4().hex
     p = _start_tree(run_id)
-    traced = next(m for m in cleanup.find_members(run_id, 1, [p.pid]) if cleanup.proc_state(m) == "t")
+    traced = next(m for m in cleanup.find_members(run_id, 1, [p.pid]) if procfs.state(m) == "t")
     rep = _stop(p, run_id, hang=True)
     assert rep.seconds < 5.0, rep
     assert rep.left == [] and cleanup.find_members(run_id, 1) == set()

@@ -58,6 +58,24 @@ def test_kmsg_frame_with_continuation_and_escapes() -> None:
     assert rec2 is not None and rec2.prio == 6
 
 
+def test_kmsg_escapes_decode_to_utf8_in_every_framing(tmp_path: Path) -> None:
+    # printk escapes each byte of a multi-byte character and the backslash itself
+    # ("é" is \xc3\xa9, "\\" is \x5c); the text line of a file decodes like a read() does.
+    line = "4,7,2000000,-;card\\x5cport caf\\xc3\\xa9 \\x0bdone"
+    rec = k.parse_kmsg_frame(line.encode() + b"\n")
+    assert rec is not None and rec.message == "card\\port café \x0bdone"
+    assert rec.line == line  # the parser gets the record exactly as read
+    assert k.frame_text_line(line, "file").message == rec.message
+    saved = tmp_path / "kmsg"
+    saved.write_text(f"{line}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:03:00.0\n6,8,3000000,-;next\n")
+    recs = k.read_kmsg(saved)
+    assert [(r.seq, r.message) for r in recs] == [(7, "card\\port café \x0bdone"), (8, "next")]
+    assert recs[0].fields == {"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:03:00.0"}
+    assert recs[1].wall == pytest.approx(k.boot_offset() + 3.0, abs=1.0)
+    with pytest.raises(OSError):
+        k.read_kmsg(tmp_path / "missing")
+
+
 def test_frame_real_dmesg_lines() -> None:
     lines = QWEN_DMESG.read_text().splitlines()
     recs = [k.frame_text_line(ln, "file", offset=100.0) for ln in lines]

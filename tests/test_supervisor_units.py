@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from xpu_serve import bundle as bundle_mod
+from xpu_serve import procfs
 from xpu_serve.config import interpolate, load_config
 from xpu_serve.diagnosis import Analyzer
 from xpu_serve.incarnation import ProcessInfo
@@ -206,8 +207,8 @@ def test_wake_supervisor_only_signals_a_process_that_catches_sigusr1() -> None:
     try:
         assert catcher.stdout is not None and catcher.stdout.readline() == "ok\n"
         assert plain.stdout is not None and plain.stdout.readline() == "ok\n"
-        assert bundle_mod.catches_signal(catcher.pid, signal.SIGUSR1) is True
-        assert bundle_mod.catches_signal(plain.pid, signal.SIGUSR1) is False
+        assert procfs.catches_signal(catcher.pid, signal.SIGUSR1) is True
+        assert procfs.catches_signal(plain.pid, signal.SIGUSR1) is False
         assert bundle_mod.wake_supervisor(catcher.pid) is True
         assert catcher.stdout.readline() == "woken\n"
         assert bundle_mod.wake_supervisor(plain.pid) is None  # not sent: it would have died

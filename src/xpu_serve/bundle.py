@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import aio
+from xpu_serve import aio, procfs
 from xpu_serve.collectors import (
     DEFAULT_COLLECTORS,
     DIR_MODE,
@@ -54,8 +54,6 @@ from xpu_serve.collectors import (
     Collector,
     CollectorOutcome,
     config_dump,
-    read_cmdline,
-    read_environ,
     run_collectors,
 )
 from xpu_serve.fsread import read_regular
@@ -185,10 +183,10 @@ def gather_secrets(config: Any, processes: list[ProcessInfo]) -> list[str]:
     found = secrets_in_mapping(config_dump(config))
     found += secrets_in_env(os.environ)
     for p in processes:
-        env = read_environ(p.pid)
+        env = procfs.environ(p.pid)
         if env:
             found += secrets_in_env(env)
-        argv = read_cmdline(p.pid)
+        argv = procfs.cmdline(p.pid)
         if argv:
             found += secrets_in_argv(argv)
             if len(argv) == 1 and " " in argv[0]:  # a process title holding the whole command line
@@ -883,19 +881,6 @@ class BundleRequestWatcher:
             await aio.wait_event(self._wake, self.interval_s)
 
 
-def catches_signal(pid: int, signum: int) -> bool | None:
-    """Does `pid` catch `signum`? From the `SigCgt:` mask of /proc/PID/status (bit signum-1;
-    fs/proc/array.c render_sigset_t). None when the file cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def wake_supervisor(pid: int | None) -> bool | None:
     """Send SIGUSR1 to the supervisor `pid` (from its lock file or state.json) so it scans
     RUNTIME/requests/ at once.
@@ -907,7 +892,7 @@ def wake_supervisor(pid: int | None) -> bool | None:
     """
     if pid is None or pid <= 0:
         return False
-    caught = catches_signal(pid, signal.SIGUSR1)
+    caught = procfs.catches_signal(pid, signal.SIGUSR1)
     if caught is None:
         return False
     if not caught:

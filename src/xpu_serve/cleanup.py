@@ -3,7 +3,7 @@
 Why our own code and not psutil's `wait_procs` alone: the members to stop are found three ways
 (process group, session, and the environment marker of processes that left both, e.g. after
 `setsid` or re-parenting) and the shared-memory clean-up needs the owner pids seen while the
-tree was alive; psutil is used for port owners.
+tree was alive. Process facts come from `procfs` (psutil); psutil also finds port owners.
 
 Order (`stop_tree`): SIGTERM, then SIGCONT (a SIGSTOPped member could not act on SIGTERM before
 `grace_s` ran out; systemd does the same), to the process group and to every other member found
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_serve.state import pid_alive
+from xpu_serve import procfs
 
 RUN_ID_VAR = "XPU_SERVE_RUN_ID"
 INCARNATION_VAR = "XPU_SERVE_INCARNATION"
@@ -82,30 +82,16 @@ _INIT_FILE_RE = re.compile(
 )
 
 
-def _proc_pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
 def read_marker(pid: int) -> tuple[str | None, int | None]:
     """(run_id, incarnation) from /proc/PID/environ; (None, None) when absent or unreadable."""
+    env = procfs.environ(pid)
+    if not env or RUN_ID_VAR not in env:
+        return None, None
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return None, None
-    if b"XPU_SERVE_RUN_ID=" not in env:
-        return None, None
-    run_id: str | None = None
-    inc: int | None = None
-    for item in env.split(b"\0"):
-        if item.startswith(b"XPU_SERVE_RUN_ID="):
-            run_id = item[17:].decode("utf-8", "replace")
-        elif item.startswith(b"XPU_SERVE_INCARNATION="):
-            try:
-                inc = int(item[22:])
-            except ValueError:
-                inc = None
-    return run_id, inc
+        inc: int | None = int(env[INCARNATION_VAR])
+    except (KeyError, ValueError):
+        inc = None
+    return env[RUN_ID_VAR], inc
 
 
 def _getsid(pid: int) -> int | None:
@@ -115,15 +101,8 @@ def _getsid(pid: int) -> int | None:
         return None
 
 
-def proc_start_time(pid: int) -> float | None:
-    """Start time of `pid` (epoch s, psutil `create_time`: boot time + /proc/PID/stat field 22),
-    or None when the process is gone or unreadable. Two reads for one process give the same value."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, OSError, ValueError):
-        return None
+# The supervisor proves its pids with this name.
+proc_start_time = procfs.start_time
 
 
 def is_proven(
@@ -138,7 +117,7 @@ def is_proven(
 
     A zombie or a gone pid is never proven. Never raises.
     """
-    if pid <= 1 or not pid_alive(pid):
+    if pid <= 1 or not procfs.alive(pid):
         return False
     if run_id is not None and _marker_matches(pid, run_id, incarnation):
         return True
@@ -168,13 +147,13 @@ def find_members(
     me = os.getpid()
     sess = {s for s in sessions if isinstance(s, int) and s > 1 and is_proven(s, run_id, incarnation, starts)}
     found: set[int] = set()
-    for pid in _proc_pids():
+    for pid in procfs.pids():
         if pid == me:
             continue
         if (sess and _getsid(pid) in sess) or (
             run_id is not None and _marker_matches(pid, run_id, incarnation)
         ):
-            if pid_alive(pid):
+            if procfs.alive(pid):
                 found.add(pid)
     for pid in pids:
         if pid != me and pid not in found and is_proven(pid, run_id, incarnation, starts):
@@ -200,16 +179,12 @@ def live_supervisor(prev: Mapping[str, Any]) -> int | None:
             return None
     elif isinstance(started, (int, float)) and not isinstance(started, bool):
         now = proc_start_time(pid)
-        if now is None or now > float(started) or not pid_alive(pid):
+        if now is None or now > float(started) or not procfs.alive(pid):
             return None
     else:
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return None
-    if not any(b"xpu-serve" in a or b"xpu_serve" in a for a in argv):
+    argv = procfs.cmdline(pid) or []
+    if not any("xpu-serve" in a or "xpu_serve" in a for a in argv):
         return None
     return pid
 
@@ -286,19 +261,6 @@ D_KILL_S = 1.0
 EARLY_REASONS = ("hung (state T)", "in the kernel (state D)", "in a collective")
 
 
-def proc_state(pid: int) -> str | None:
-    """One-letter state of `pid` (/proc/PID/stat field 3, proc(5): R, S, D, T, t, Z...), or None
-    when gone or unreadable. The command name (field 2) may hold spaces and ')', so the state is
-    read after the last ')'."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    rest = raw[raw.rfind(b")") + 2 :]
-    return rest[:1].decode("ascii", "replace") or None
-
-
 def _early_kills(
     members: set[int], waited_s: float, hang_grace_s: float, d_since: dict[int, float], now: float
 ) -> dict[int, str]:
@@ -308,7 +270,7 @@ def _early_kills(
     (updated in place); `now`: monotonic time. T/t after SIGCONT: nothing will continue it."""
     out: dict[int, str] = {}
     for pid in members:
-        st = proc_state(pid)
+        st = procfs.state(pid)
         if st != "D":
             d_since.pop(pid, None)
         if st in ("T", "t"):
@@ -352,7 +314,7 @@ async def stop_tree(
 
     def refresh(extra: Iterable[int] = ()) -> set[int]:
         # survivors keep their proof only with the start time seen when they were found
-        alive = {p for p, t in tracked.items() if pid_alive(p) and proc_start_time(p) == t}
+        alive = {p for p, t in tracked.items() if procfs.alive(p) and proc_start_time(p) == t}
         for p in find_members(run_id, incarnation, sessions, extra, starts) - alive:
             tracked[p] = proc_start_time(p)
             alive.add(p)
@@ -435,44 +397,13 @@ def segments_of(pids: Iterable[int] | Mapping[int, Any]) -> set[str]:
                 starts[pid] = float(t)
     found: set[str] = set()
     for pid in list(pids):
-        mine: set[str] = set()
-        try:
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                for line in f:
-                    i = line.find(b" /")
-                    if i < 0:
-                        continue
-                    p = line[i + 1 :].rstrip(b"\n").decode("utf-8", "replace")
-                    if _is_segment_path(p) and not p.endswith(" (deleted)"):
-                        mine.add(p)
-        except OSError:
-            pass
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            fds = []
-        for fd in fds:
-            try:
-                p = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if _is_segment_path(p) and not p.endswith(" (deleted)"):
-                mine.add(p)
+        held = (procfs.mapped_paths(pid) or set()) | set(procfs.fd_targets(pid))
+        mine = {p for p in held if _is_segment_path(p) and not p.endswith(" (deleted)")}
         # checked after the reads: a pid reused before or during them is caught
-        if mine and pid in starts and not _same_process(pid, starts[pid]):
+        if mine and pid in starts and not procfs.same_process(pid, starts[pid], 0.05):
             continue
         found |= mine
     return found
-
-
-def _same_process(pid: int, started_at: float) -> bool:
-    """True when `pid` is still the process that started at `started_at` (epoch s, psutil)."""
-    import psutil
-
-    try:
-        return abs(float(psutil.Process(pid).create_time()) - started_at) < 0.05
-    except psutil.Error:
-        return False
 
 
 def dist_ids_of(paths: Iterable[str]) -> set[str]:
@@ -576,7 +507,7 @@ def remove_segments(
     # The "existed before the launch" checks below still apply.
     ids = dist_ids_of(p for p in proven if p.startswith("/tmp/vllm_dist_"))
     proven |= {c for c in cand if c.startswith("/dev/shm/vllm_dist_") and dist_ids_of([c]) & ids}
-    in_use = {_top_path(p) for p in segments_of(_proc_pids())}
+    in_use = {_top_path(p) for p in segments_of(procfs.pids())}
     pre = {_top_path(p) for p in before} if before is not None else set()
     for path in sorted(cand):
         if not os.path.lexists(path):
@@ -657,16 +588,8 @@ def holder_of_removed_lock(pids: list[int], lock_path: Path) -> int | None:
         for p in chain:
             if p.pid == os.getpid():
                 continue
-            try:
-                fds = os.listdir(f"/proc/{p.pid}/fd")
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    if os.readlink(f"/proc/{p.pid}/fd/{fd}") == want:
-                        return p.pid
-                except OSError:
-                    continue
+            if want in procfs.fd_targets(p.pid):
+                return p.pid
     return None
 
 

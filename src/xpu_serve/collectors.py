@@ -38,12 +38,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from xpu_serve import procfs
 from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.redact import Redactor
-from xpu_serve.state import pid_alive
+from xpu_serve.sources import kernel as ksrc
+from xpu_serve.sources.kernel import KernelRecord
 
 # ----------------------------------------------------------------------------------------------
 # infrastructure
@@ -481,41 +481,16 @@ class CollectInputs:
     _kmsg_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def kmsg_records(self, deadline: float | None = None) -> list[KernelRecord]:
-        """The kernel ring buffer (`read_kmsg(kmsg_path)`), read once and shared by the kernel
+        """The kernel ring buffer (`sources.kernel.read_kmsg(kmsg_path)`), read once and shared by the kernel
         and versions collectors. Raises OSError when it cannot be read."""
         with self._kmsg_lock:
             if self._kmsg is None:
-                self._kmsg = read_kmsg(self.kmsg_path, deadline)
+                self._kmsg = ksrc.read_kmsg(self.kmsg_path, deadline)
             return self._kmsg
 
     def live_processes(self) -> list[ProcessInfo]:
         """Processes not known to have exited whose /proc entry still exists (not a zombie)."""
-        return [p for p in self.processes if p.exit_code is None and p.signal is None and pid_alive(p.pid)]
-
-
-def read_environ(pid: int) -> dict[str, str] | None:
-    """The initial environment of a process from /proc/PID/environ (NUL-separated, proc(5)), or None."""
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    env: dict[str, str] = {}
-    for item in data.split(b"\0"):
-        if b"=" in item:
-            k, _, v = item.partition(b"=")
-            env[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
-    return env
-
-
-def read_cmdline(pid: int) -> list[str] | None:
-    """argv of a process from /proc/PID/cmdline (NUL-separated), or None. A process that set its
-    title (vLLM's `VLLM::Worker_TP0` via setproctitle) shows the title as one string."""
-    try:
-        data = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    parts = data.rstrip(b"\0").split(b"\0")
-    return [p.decode("utf-8", "surrogateescape") for p in parts if p] or None
+        return [p for p in self.processes if p.exit_code is None and p.signal is None and procfs.alive(p.pid)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -529,14 +504,6 @@ def find_py_spy() -> str | None:
         return found
     cand = Path(sys.executable).parent / "py-spy"
     return str(cand) if cand.exists() else None
-
-
-def _is_stopped(pid: int) -> bool:
-    """True when `pid` is in job-control or trace stop (psutil status "stopped"/"tracing-stop")."""
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except (psutil.Error, OSError):
-        return False
 
 
 def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict[int, str]:
@@ -566,7 +533,7 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
         # pause (PTRACE_INTERRUPT, then waitpid) can see the pending group-stop instead and
         # fail with "Failed to suspend process / unexpected waitpid result ... SIGSTOP"
         # (py-spy src/python_spy.rs get_stack_traces). Reading it without pausing is consistent.
-        stopped = _is_stopped(pid)
+        stopped = procfs.state(pid) in ("T", "t")
         r = run_tool(argv + (["--nonblocking"] if stopped else []), timeout_s)
         if r.returncode != 0 and not r.timed_out and not stopped and "suspend" in (r.stderr or ""):
             left = timeout_s - (time.monotonic() - t0)
@@ -596,112 +563,10 @@ def dump_stacks(pids: list[int], timeout_s: float, native: bool = False) -> dict
 # kernel log
 
 
-@dataclass
-class KernelRecord:
-    """One kernel log record: priority (0-7, facility stripped), sequence number, wall time
-    (epoch seconds, converted from the boot-relative stamp) and message."""
-
-    prio: int
-    seq: int | None
-    time: float
-    msg: str
-
-    def iso(self) -> str:
-        """The record as `dmesg --time-format iso` prints it: "2026-11-30T09:04:12,123456+00:00 msg"."""
-        dt = datetime.fromtimestamp(self.time).astimezone()
-        stamp = dt.strftime("%Y-%m-%dT%H:%M:%S,%f%z")
-        return f"{stamp[:-2]}:{stamp[-2:]} {self.msg}"
-
-
-def boot_time() -> float:
-    """Wall-clock time of boot (epoch seconds) on the clock that kernel log stamps use.
-
-    /dev/kmsg stamps are microseconds of the kernel's local_clock (kernel/printk/printk.c),
-    which runs like CLOCK_MONOTONIC (not counting suspend)."""
-    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-def read_kmsg(path: Path = Path("/dev/kmsg"), deadline: float | None = None) -> list[KernelRecord]:
-    """All records still in the kernel ring buffer, read from `/dev/kmsg` without blocking.
-
-    Format (Documentation/ABI/testing/dev-kmsg): one record per read(),
-    "prio,seq,usec,flags[,...];message" followed by continuation lines " KEY=value" (dropped here).
-    EPIPE (records overwritten while reading) is skipped. Raises OSError when it cannot be opened.
-    A regular file in the same format (one record per line, as `cat /dev/kmsg` saves them) is
-    read line by line.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    boot = boot_time()
-    out: list[KernelRecord] = []
-    if not stat_is_chr(fd):
-        with os.fdopen(fd, "rb") as f:
-            for raw in f:
-                rec = _parse_kmsg(raw, boot)
-                if rec is not None:
-                    out.append(rec)
-        return out
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            try:
-                raw = os.read(fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                if e.errno == errno.EPIPE:
-                    continue
-                raise
-            if not raw:
-                break
-            rec = _parse_kmsg(raw, boot)
-            if rec is not None:
-                out.append(rec)
-    finally:
-        os.close(fd)
-    return out
-
-
-def stat_is_chr(fd: int) -> bool:
-    """True when the descriptor is a character device (the real /dev/kmsg)."""
-    import stat as st
-
-    return st.S_ISCHR(os.fstat(fd).st_mode)
-
-
-def _parse_kmsg(raw: bytes, boot: float) -> KernelRecord | None:
-    head, sep, rest = raw.decode("utf-8", "replace").partition(";")
-    if not sep:
-        return None
-    fields = head.split(",")
-    try:
-        prio = int(fields[0]) & 7
-        seq = int(fields[1])
-        usec = int(fields[2])
-    except (ValueError, IndexError):
-        return None
-    return KernelRecord(prio, seq, boot + usec / 1e6, rest.split("\n", 1)[0])
-
-
-_DMESG_ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d)\s(.*)$")
-
-
-def _parse_iso_lines(text: str) -> list[KernelRecord]:
-    out: list[KernelRecord] = []
-    for line in text.splitlines():
-        m = _DMESG_ISO_RE.match(line)
-        if not m:
-            continue
-        try:
-            tz = m.group(3).replace(":", "")
-            dt = datetime.strptime(f"{m.group(1)}.{m.group(2)[:6]}{tz}", "%Y-%m-%dT%H:%M:%S.%f%z")
-        except ValueError:
-            continue
-        out.append(KernelRecord(6, None, dt.timestamp(), m.group(4)))
-    return out
-
-
 def kernel_records(inputs: CollectInputs, io: CollectorIO) -> tuple[list[KernelRecord], str]:
-    """Kernel records from the best source that works: /dev/kmsg, then `journalctl -k`, then
-    `dmesg`. Returns (records, a sentence naming the source); no records when none works."""
+    """Kernel records from the best source that works: the ring buffer (`kmsg_path`), then
+    `journalctl -k`, then `dmesg`, framed by the kernel-log reader (`xpu_serve.sources.kernel`).
+    Returns (records, a sentence naming the source); no records when none works."""
     problems = []
     try:
         recs = inputs.kmsg_records(io.deadline)
@@ -710,22 +575,15 @@ def kernel_records(inputs: CollectInputs, io: CollectorIO) -> tuple[list[KernelR
         problems.append(f"{inputs.kmsg_path}: no records")
     except OSError as e:
         problems.append(f"{inputs.kmsg_path}: {e.strerror}")
-    since = int(inputs.started_at - inputs.kernel_lookback_s)
-    r = io.run(["journalctl", "-k", "-o", "short-iso-precise", "--no-pager", f"--since=@{since}"])
-    if r.returncode == 0 and r.stdout.strip():
-        recs = []
-        for line in r.stdout.splitlines():
-            # "2026-11-30T09:04:12.123456+0000 host kernel: msg"
-            parts = line.split(" ", 3)
-            if len(parts) == 4 and parts[2] == "kernel:":
-                recs += _parse_iso_lines(f"{parts[0]} {parts[3]}")
-        if recs:
-            return recs, "journalctl -k"
-    problems.append(r.describe())
-    r = io.run(["dmesg", "--time-format", "iso"])
-    if r.returncode == 0 and r.stdout.strip():
-        return _parse_iso_lines(r.stdout), "dmesg --time-format iso"
-    problems.append(r.describe())
+    since = float(int(inputs.started_at - inputs.kernel_lookback_s))
+    for src in (ksrc.JournalctlSource(since), ksrc.DmesgSource(since)):
+        argv = src.snapshot_argv()
+        r = io.run(argv)
+        if r.returncode == 0 and r.stdout.strip():
+            recs = src.frame_output(r.stdout)
+            if recs:
+                return recs, " ".join(argv)
+        problems.append(r.describe())
     return [], "no kernel log source worked: " + "; ".join(problems)
 
 
@@ -742,7 +600,7 @@ def collect_kernel(inputs: CollectInputs, io: CollectorIO) -> None:
         return
     recs, source = kernel_records(inputs, io)
     since = inputs.started_at - inputs.kernel_lookback_s
-    window = [r for r in recs if r.time >= since]
+    window = [r for r in recs if r.wall is not None and r.wall >= since]
     io.note(f"source: {source}; {len(window)} of {len(recs)} records since {_iso(since)}")
     io.write_text("kernel.log", "".join(r.iso() + "\n" for r in window))
 
@@ -885,7 +743,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     live_pids = {p.pid for p in live}
     env = None
     for p in live:
-        env = read_environ(p.pid)
+        env = procfs.environ(p.pid)
         if env is not None:
             lines.append(f"# environment of pid {p.pid} ({p.name}) from /proc/{p.pid}/environ, redacted")
             break
@@ -896,7 +754,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines += [f"{k}={v}" for k, v in sorted(red.items())]
     # the other processes' environments as differences (vLLM and oneCCL set per-rank variables)
     for p in live[1:]:
-        other = read_environ(p.pid)
+        other = procfs.environ(p.pid)
         if other is None or other == env:
             continue
         o = io.writer.redactor.env(other)
@@ -906,7 +764,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines.append("")
     lines.append("# argv of the incarnation's processes (/proc/PID/cmdline), redacted")
     for p in inputs.processes:
-        argv = read_cmdline(p.pid) if p.pid in live_pids else None
+        argv = procfs.cmdline(p.pid) if p.pid in live_pids else None
         state = "alive" if p.pid in live_pids else "exited"
         shown = " ".join(io.writer.redactor.argv(argv)) if argv else "(not available)"
         lines.append(f"pid {p.pid} {p.name} [{state}]: {shown}")
@@ -982,11 +840,9 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
     $VIRTUAL_ENV/bin/python of its environment, else /proc/PID/exe. Without one: the shebang of
     the config's engine command. Returns (path or None, how, that process's env, its cwd)."""
     for p in inputs.live_processes():
-        env = read_environ(p.pid)
-        cwd = None
-        with contextlib.suppress(OSError):
-            cwd = os.readlink(f"/proc/{p.pid}/cwd")
-        argv = read_cmdline(p.pid) or []
+        env = procfs.environ(p.pid)
+        cwd = procfs.cwd(p.pid)
+        argv = procfs.cmdline(p.pid) or []
         if argv and "python" in os.path.basename(argv[0]):
             cand = argv[0]
             if os.sep not in cand:
@@ -998,11 +854,8 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
         venv = (env or {}).get("VIRTUAL_ENV")
         if venv and os.access(os.path.join(venv, "bin", "python"), os.X_OK):
             return os.path.join(venv, "bin", "python"), f"$VIRTUAL_ENV of {p.name} (pid {p.pid})", env, cwd
-        try:
-            exe = os.readlink(f"/proc/{p.pid}/exe")
-        except OSError:
-            continue
-        if "python" in os.path.basename(exe):
+        exe = procfs.exe(p.pid)
+        if exe and "python" in os.path.basename(exe):
             return exe, f"/proc/{p.pid}/exe of {p.name}", env, cwd
     cmd = inputs.engine_command or []
     if cmd:
@@ -1029,16 +882,9 @@ def mapped_libraries(pids: Iterable[int]) -> dict[int, list[str]]:
     from /proc/PID/maps (proc(5): the path is the 6th field). pid -> sorted paths."""
     out: dict[int, list[str]] = {}
     for pid in pids:
-        libs: set[str] = set()
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    parts = line.split(None, 5)
-                    if len(parts) == 6 and _LIB_RE.search(parts[5]):
-                        libs.add(parts[5].strip())
-        except OSError:
-            continue
-        out[pid] = sorted(libs)
+        paths = procfs.mapped_paths(pid)
+        if paths is not None:
+            out[pid] = sorted(p.strip() for p in paths if _LIB_RE.search(p))
     return out
 
 
@@ -1093,9 +939,9 @@ def collect_versions(inputs: CollectInputs, io: CollectorIO) -> None:
         lines.append(f"kernel log unreadable: {e.strerror}")
     fw = []
     for rec in recs:
-        m = _FW_RE.search(rec.msg)
+        m = _FW_RE.search(rec.message)
         if m:
-            fw.append(rec.msg.strip())
+            fw.append(rec.message.strip())
     lines += fw or ["no GuC/HuC/GSC firmware line in the kernel ring buffer"]
     lines += ["", "## GPU runtime libraries mapped (/proc/PID/maps)"]
     live = inputs.live_processes()

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from xpu_serve import procfs
+
 
 def zombie_children(
     parent: int | None = None, sessions: Iterable[int] | None = None, also: Iterable[int] = ()
@@ -37,12 +39,9 @@ def zombie_children(
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+        rest = procfs.stat_fields(name)
+        if rest is None:
             continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
         try:
             if len(rest) < 4 or rest[0] != b"Z" or int(rest[1]) != me:
                 continue

@@ -218,15 +218,15 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
 def _not_foreign(procs: dict[int, ProcessInfo], run_id: str | None) -> dict[int, ProcessInfo]:
     """The processes without those whose pid now runs another program (alive, not proven the
     dead run's by its marker or start time): the bundle writer must not read /proc for those."""
+    from xpu_serve import procfs
     from xpu_serve.cleanup import is_proven
-    from xpu_serve.state import pid_alive
 
     return {
         pid: p
         for pid, p in procs.items()
         if p.exit_code is not None
         or p.signal is not None
-        or not pid_alive(pid)
+        or not procfs.alive(pid)
         or is_proven(pid, run_id, None, {pid: p.started_at} if p.started_at is not None else None)
     }
 

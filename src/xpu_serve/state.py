@@ -266,14 +266,3 @@ def read_state(runtime_dir: Path) -> dict[str, Any] | None:
             raise ValueError(f"{path}: not a JSON object")
         return data
     raise ValueError(err)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")

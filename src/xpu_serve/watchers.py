@@ -37,7 +37,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from xpu_serve import aio, facts, output
+from xpu_serve import aio, facts, output, procfs
 from xpu_serve.events import Event
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.sources import kernel as ksrc
@@ -298,7 +298,7 @@ class KernelWatcher:
     def _device_ranks(self, ctx: IncarnationContext) -> tuple[dict[str, int], str]:
         mask = None
         for p in _live(ctx):
-            env = _read_environ(p.pid)
+            env = procfs.environ(p.pid)
             if env is not None:
                 mask = env.get("ZE_AFFINITY_MASK")
                 break
@@ -381,20 +381,6 @@ class KernelWatcher:
                 )
             )
         return ev
-
-
-def _read_environ(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    out: dict[str, str] = {}
-    for item in data.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return out
 
 
 class _LineFed:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from xpu_serve import exitcodes
-from xpu_serve.state import pid_alive
+from xpu_serve.procfs import alive as pid_alive
 
 from .harness import Up, _free_port, proc_connector_available, with_suppress  # noqa: F401
 

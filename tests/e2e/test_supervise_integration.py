@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from xpu_serve import bundle as bundle_mod
+from xpu_serve import procfs
 from xpu_serve.config import Config
 from xpu_serve.incarnation import IncarnationContext
 from xpu_serve.sim import kernel as simkernel
@@ -143,7 +144,7 @@ def test_wedged_device_holds_the_restart_until_the_check_passes(tmp_path: Path, 
 def test_bundle_request_wakes_the_supervisor_by_signal(tmp_path: Path, up_factory: Any) -> None:
     up = up_factory("", extra={"watchers.kernel": {"source": "none"}})
     up.wait_event("ready", 60)
-    assert bundle_mod.catches_signal(up.proc.pid, signal.SIGUSR1) is True
+    assert procfs.catches_signal(up.proc.pid, signal.SIGUSR1) is True
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "xpu_serve", "bundle", "--runtime-dir", str(up.runtime), "--json"],

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import exitcodes
+from xpu_serve import exitcodes, procfs
 from xpu_serve.cli.status import add_runtime_arguments, resolve_runtime_dir
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
@@ -65,22 +65,6 @@ class StandaloneContext:
         return None
 
 
-def _same_process(pid: int, started_at: Any) -> bool:
-    """The pid is alive and (when its start time is known) is still the process we were told of."""
-    from xpu_serve.state import pid_alive
-
-    if not pid_alive(pid):
-        return False
-    if not isinstance(started_at, (int, float)):
-        return True
-    try:
-        import psutil
-
-        return abs(psutil.Process(pid).create_time() - float(started_at)) < 5.0
-    except Exception:
-        return True
-
-
 def _between_incarnations(runtime_dir: Path) -> str | None:
     """"in backoff" / "given up" / "stopped" when state.json (xpu_serve.state) says no incarnation
     of the supervisor runs now, else None (also when state.json is unreadable). Never raises."""
@@ -104,7 +88,7 @@ def standalone_context(runtime_dir: Path, config: Any, state: dict[str, Any] | N
             continue
         if d.get("exit_code") is not None or d.get("signal"):
             continue
-        if _same_process(d["pid"], d.get("started_at")):
+        if procfs.still_running(d["pid"], d.get("started_at"), 5.0):
             procs[d["pid"]] = ProcessInfo(name=str(d.get("name") or "process"), pid=d["pid"], rank=d.get("rank"),
                                           started_at=d.get("started_at"))
     spid = st.get("supervisor_pid")

@@ -238,18 +238,9 @@ def _check(runtime_dir: Path, st: dict[str, Any] | None, alive: bool) -> int:
 def _same_process_alive(pid: int, started_at: Any) -> bool:
     """True when `pid` lives and, when `started_at` (epoch s, psutil create_time) is known, is
     still the process state.json names (not a later process given the same pid)."""
-    import psutil
+    from xpu_serve import procfs
 
-    from xpu_serve.state import pid_alive
-
-    if not pid_alive(pid):
-        return False
-    if not isinstance(started_at, (int, float)):
-        return True
-    try:
-        return abs(psutil.Process(pid).create_time() - started_at) < 1.0
-    except psutil.Error:
-        return False
+    return procfs.still_running(pid, started_at, 1.0)
 
 
 def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> list[tuple[str, str]]:

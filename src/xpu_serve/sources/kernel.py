@@ -1,4 +1,9 @@
-"""Live kernel log source for `up`: `/dev/kmsg`, `journalctl -k -f`, `dmesg --follow`, or a file.
+"""The kernel-log reader: `/dev/kmsg`, `journalctl -k`, `dmesg`, or a file; followed or read once.
+
+The live `KernelWatcher` follows a source (`records()`), `xpu-serve npd check` reads one once
+(`snapshot()`), and the bundle's kernel and versions collectors read the whole ring buffer
+(`read_kmsg`) or, when it cannot be opened, the journal and dmesg (`snapshot_argv()` +
+`frame_output()`). All of them frame with the same functions into the same `KernelRecord`.
 
 What this module does (and does not):
 
@@ -43,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -50,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import aio
+from xpu_serve import aio, procfs
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo
 
@@ -66,7 +72,7 @@ TASK_COMM_LEN = 16
 _KMSG_HEAD_RE = re.compile(r"^\s*(\d+),(\d+),(\d+),([^;]*);")
 _DMESG_HEAD_RE = re.compile(r"^\s*(?:<(\d)>)?\[\s*(\d+)\.(\d+)\]\s?")
 _PCI_RE = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b", re.IGNORECASE)
-_HEX_ESC_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_HEX_ESC_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
 _LEVEL_NAMES = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 
@@ -79,10 +85,11 @@ def level_name(prio: int | None) -> str | None:
 
 
 def boot_offset() -> float:
-    """Seconds to add to a boot-relative kernel time to get epoch seconds, measured now.
+    """Seconds to add to a boot-relative kernel time to get epoch seconds (the wall time of boot), measured now.
 
-    CLOCK_REALTIME - CLOCK_BOOTTIME: the two differ from printk's clock (local_clock, which stops
-    while suspended) only after a suspend, which servers do not do.
+    CLOCK_REALTIME - CLOCK_BOOTTIME, as util-linux dmesg converts stamps (dmesg.c get_boot_time):
+    it differs from printk's clock (local_clock, which stops while suspended) only after a
+    suspend, which servers do not do.
     """
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
@@ -117,39 +124,58 @@ class KernelRecord:
     wall: float | None = None
     fields: dict[str, str] = field(default_factory=dict)
 
+    def iso(self) -> str:
+        """The record as `dmesg --time-format iso` prints it: "2026-11-30T09:04:12,123456+00:00 msg"
+        (local time zone). Only for a record with a `wall` time."""
+        from datetime import datetime
 
-def parse_kmsg_frame(data: bytes, offset: float | None = None) -> KernelRecord | None:
-    """Frame one `/dev/kmsg` read(): `prio,seq,usec,flags;msg\\n[ KEY=value\\n]...`.
+        assert self.wall is not None, "iso() of a record without a wall time"
+        stamp = datetime.fromtimestamp(self.wall).astimezone().strftime("%Y-%m-%dT%H:%M:%S,%f%z")
+        return f"{stamp[:-2]}:{stamp[-2:]} {self.message}"
+
+
+def unescape_kmsg(text: str) -> str:
+    """Decode the kernel's `\\xNN` escapes in a kmsg message (printk.c: every byte < 0x20, >= 0x7f
+    and the backslash itself is escaped), then UTF-8 (a multi-byte character is escaped byte by byte)."""
+    if "\\x" not in text:
+        return text
+    raw = _HEX_ESC_RE.sub(lambda x: bytes((int(x.group(1), 16),)), text.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "replace")
+
+
+def frame_kmsg(text: str, origin: str = "kmsg", offset: float | None = None) -> KernelRecord | None:
+    """Frame one kmsg record `prio,seq,usec,flags;msg[\\n KEY=value]...` (decoded text).
 
     `offset` converts boot time to wall time (see `boot_offset`); None leaves `wall` unset.
-    Returns None when `data` is not a kmsg record.
+    Returns None when the first line has no kmsg header.
     """
-    text = data.decode("utf-8", "replace")
     first, _, rest = text.partition("\n")
     m = _KMSG_HEAD_RE.match(first)
     if not m:
         return None
-    prio = int(m.group(1))
-    seq = int(m.group(2))
     boot_s = int(m.group(3)) / 1e6
-    message = first[m.end() :]
-    if "\\x" in message:
-        message = _HEX_ESC_RE.sub(lambda x: chr(int(x.group(1), 16)), message)
     fields: dict[str, str] = {}
-    for cont in rest.split("\n"):
-        if cont.startswith(" ") and "=" in cont:
-            k, _, v = cont[1:].partition("=")
-            fields[k] = v
+    if rest:
+        for cont in rest.split("\n"):
+            if cont.startswith(" ") and "=" in cont:
+                k, _, v = cont[1:].partition("=")
+                fields[k] = v
+    message = first[m.end() :]
     return KernelRecord(
         line=first,
-        message=message,
-        origin="kmsg",
-        seq=seq,
-        prio=prio & 7,
+        message=unescape_kmsg(message) if "\\x" in message else message,
+        origin=origin,
+        seq=int(m.group(2)),
+        prio=int(m.group(1)) & 7,
         boot_s=boot_s,
         wall=None if offset is None else offset + boot_s,
         fields=fields,
     )
+
+
+def parse_kmsg_frame(data: bytes, offset: float | None = None) -> KernelRecord | None:
+    """Frame one `/dev/kmsg` read(): `prio,seq,usec,flags;msg\\n[ KEY=value\\n]...` (see `frame_kmsg`)."""
+    return frame_kmsg(data.decode("utf-8", "replace"), "kmsg", offset)
 
 
 def frame_text_line(line: str, origin: str, offset: float | None = None) -> KernelRecord:
@@ -160,18 +186,9 @@ def frame_text_line(line: str, origin: str, offset: float | None = None) -> Kern
     (`dmesg -T`, journalctl short, ISO) are passed on with no time (the parser reads their stamps).
     """
     line = line.rstrip("\r\n")
-    m = _KMSG_HEAD_RE.match(line)
-    if m:
-        boot_s = int(m.group(3)) / 1e6
-        return KernelRecord(
-            line=line,
-            message=line[m.end() :],
-            origin=origin,
-            seq=int(m.group(2)),
-            prio=int(m.group(1)) & 7,
-            boot_s=boot_s,
-            wall=None if offset is None else offset + boot_s,
-        )
+    rec = frame_kmsg(line, origin, offset)
+    if rec is not None:
+        return rec
     d = _DMESG_HEAD_RE.match(line)
     if d:
         boot_s = int(d.group(2)) + int(d.group(3)) / 10 ** len(d.group(3))
@@ -394,17 +411,20 @@ class KmsgSource(KernelSource):
             raise
         self.last_seq: int | None = None
 
-    def read_available(self, limit: int = 100000) -> list[KernelRecord]:
-        """Read every record available now (at most `limit`), without blocking.
+    def read_available(self, limit: int = 100000, deadline: float | None = None) -> list[KernelRecord]:
+        """Read every record available now (at most `limit`, until `time.monotonic()` passes
+        `deadline`), without blocking.
 
         EPIPE (ring buffer overran this reader) is counted in `overruns` and reading goes on from
-        the oldest record still present; a gap in sequence numbers is counted the same way.
+        the oldest record still present.
         """
         out: list[KernelRecord] = []
         if self.fd is None:
             return out
         offset = boot_offset()
         for _ in range(limit):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             try:
                 data = os.read(self.fd, _KMSG_READ_SIZE)
             except BlockingIOError:
@@ -462,6 +482,37 @@ class KmsgSource(KernelSource):
             self.fd = None
 
 
+def read_kmsg(path: str | os.PathLike[str] = KMSG_PATH, deadline: float | None = None) -> list[KernelRecord]:
+    """Every record still in the kernel ring buffer (from its oldest), read from `/dev/kmsg`
+    without blocking until `deadline` (`time.monotonic()` value) and without following.
+
+    A regular file in the same format (as `cat /dev/kmsg` saves it: one record per line,
+    continuation lines ` KEY=value` after it) is framed line by line. Raises OSError when it
+    cannot be opened.
+    """
+    if not stat.S_ISCHR(os.stat(path).st_mode):
+        return _read_kmsg_file(Path(path))
+    src = KmsgSource(str(path), since_wall=0.0)
+    try:
+        return src.read_available(deadline=deadline)
+    finally:
+        src.close()
+
+
+def _read_kmsg_file(path: Path) -> list[KernelRecord]:
+    offset = boot_offset()
+    out: list[KernelRecord] = []
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+        if line.startswith(" ") and "=" in line and out:
+            k, _, v = line[1:].partition("=")
+            out[-1].fields[k] = v
+            continue
+        rec = frame_kmsg(line, "kmsg", offset)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
 class _ProcessSource(KernelSource):
     """A source that runs a follow command and frames its stdout lines."""
 
@@ -474,9 +525,23 @@ class _ProcessSource(KernelSource):
     def _frame(self, line: str, offset: float) -> KernelRecord | None:
         raise NotImplementedError
 
+    def snapshot_argv(self) -> list[str]:
+        """The command without its follow flag: prints what the log holds now and exits."""
+        return [a for a in self.argv if a not in ("-f", "--follow")]
+
+    def frame_output(self, text: str) -> list[KernelRecord]:
+        """Frame the output of `snapshot_argv()`, keeping records newer than `since_wall`."""
+        offset = boot_offset()
+        out = []
+        for line in text.splitlines():
+            rec = self._frame(line, offset)
+            if rec is not None and self._keep(rec):
+                out.append(rec)
+        return out
+
     def snapshot(self, timeout_s: float = 30.0) -> list[KernelRecord]:
-        """Run the command without its follow flag and frame what it prints."""
-        argv = [a for a in self.argv if a not in ("-f", "--follow")]
+        """Run `snapshot_argv()` and frame what it prints. OSError when it fails or times out."""
+        argv = self.snapshot_argv()
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
@@ -484,13 +549,7 @@ class _ProcessSource(KernelSource):
         if r.returncode != 0:
             err = r.stderr.decode("utf-8", "replace").strip().splitlines()
             raise OSError(errno.EIO, f"{' '.join(argv)} exited {r.returncode}" + (f": {err[-1]}" if err else ""))
-        offset = boot_offset()
-        out = []
-        for line in r.stdout.decode("utf-8", "replace").splitlines():
-            rec = self._frame(line, offset)
-            if rec is not None and self._keep(rec):
-                out.append(rec)
-        return out
+        return self.frame_output(r.stdout.decode("utf-8", "replace"))
 
     async def records(self) -> AsyncIterator[KernelRecord]:
         proc = self.proc = await asyncio.create_subprocess_exec(
@@ -741,27 +800,6 @@ def in_initial_pid_namespace() -> bool:
     return link == f"pid:[{PROC_PID_INIT_INO}]"
 
 
-def read_nspids(pid: int) -> list[int]:
-    """`NSpid:` of /proc/PID/status: the pid in every namespace from this /proc's down; [] if gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
-
-
-def read_comm(pid: int) -> str | None:
-    """/proc/PID/comm, or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().rstrip("\n")
-    except OSError:
-        return None
-
-
 @dataclass
 class Correlation:
     """Which of our processes a kernel record is about.
@@ -803,10 +841,10 @@ class Correlator:
         self.processes = dict(processes)
         for pid, info in processes.items():
             if pid not in self.comm:
-                c = read_comm(pid)
+                c = procfs.comm(pid)
                 self.comm[pid] = c if c is not None else expected_comm(info)
             if pid not in self.nspids:
-                ns = read_nspids(pid)
+                ns = procfs.nspids(pid)
                 if ns:
                     self.nspids[pid] = ns
 

@@ -29,22 +29,13 @@ from dataclasses import dataclass
 
 import psutil
 
+from xpu_serve import procfs
 from xpu_serve.incarnation import ProcessInfo
 
 # VLLM::EngineCore, VLLM::EngineCore_DP0, VLLM::Worker, VLLM::Worker_TP3, VLLM::Worker_PP0_TP1,
 # VLLM::Worker_DP1_TP0 (vllm/v1/executor/multiproc_executor.py, vllm/v1/engine/core.py).
 _TITLE_RE = re.compile(r"^VLLM::(EngineCore|Worker)((?:_[A-Z]{2}\d+)*)")
 _TP_RE = re.compile(r"_TP(\d+)")
-
-
-def read_cmdline(pid: int) -> str | None:
-    """`/proc/PID/cmdline` with NULs as spaces, stripped; None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
 
 def classify(cmdline: str) -> tuple[str, int | None] | None:
@@ -81,7 +72,7 @@ def discover(root_pid: int, root_name: str = "APIServer") -> dict[int, ProcessIn
     except psutil.Error:
         return found
     for child in children:
-        cmd = read_cmdline(child.pid)
+        cmd = procfs.title(child.pid)
         if not cmd:
             continue
         c = classify(cmd)
@@ -117,12 +108,7 @@ def zombie_status(pid: int) -> tuple[int | None, str | None]:
     Field 52 of /proc/PID/stat is the wait status (proc(5), "exit_code (since Linux 3.5)");
     only meaningful while the process is a zombie. (None, None) when unknown or already reaped.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None, None
-    tail = stat[stat.rfind(b")") + 2 :].split()
+    tail = procfs.stat_fields(pid)
     # tail[0] is field 3 (state); field 52 is tail[49].
     if not tail or tail[0] not in (b"Z", b"X") or len(tail) < 50:
         return None, None
@@ -285,12 +271,10 @@ class ExitWatch:
         self._on_exit(w.pid, code, sig, at)
 
     async def _poll(self) -> None:
-        from xpu_serve.state import pid_alive
-
         while self._watched:
             await asyncio.sleep(self._poll_interval_s)
             for pid, w in list(self._watched.items()):
-                if w.fd is None and not pid_alive(pid):
+                if w.fd is None and not procfs.alive(pid):
                     self._watched.pop(pid, None)
                     self._report(w)
         self._poll_task = None
