@@ -101,10 +101,6 @@ def _getsid(pid: int) -> int | None:
         return None
 
 
-# The supervisor proves its pids with this name.
-proc_start_time = procfs.start_time
-
-
 def is_proven(
     pid: int, run_id: str | None, incarnation: int | None = None, starts: Mapping[int, Any] | None = None
 ) -> bool:
@@ -123,7 +119,7 @@ def is_proven(
         return True
     t = starts.get(pid) if starts else None
     if isinstance(t, (int, float)) and not isinstance(t, bool):
-        now = proc_start_time(pid)
+        now = procfs.start_time(pid)
         return now is not None and abs(now - float(t)) < 0.05
     return False
 
@@ -178,7 +174,7 @@ def live_supervisor(prev: Mapping[str, Any]) -> int | None:
         if not is_proven(pid, None, None, {pid: float(created)}):
             return None
     elif isinstance(started, (int, float)) and not isinstance(started, bool):
-        now = proc_start_time(pid)
+        now = procfs.start_time(pid)
         if now is None or now > float(started) or not procfs.alive(pid):
             return None
     else:
@@ -314,9 +310,9 @@ async def stop_tree(
 
     def refresh(extra: Iterable[int] = ()) -> set[int]:
         # survivors keep their proof only with the start time seen when they were found
-        alive = {p for p, t in tracked.items() if procfs.alive(p) and proc_start_time(p) == t}
+        alive = {p for p, t in tracked.items() if procfs.alive(p) and procfs.start_time(p) == t}
         for p in find_members(run_id, incarnation, sessions, extra, starts) - alive:
-            tracked[p] = proc_start_time(p)
+            tracked[p] = procfs.start_time(p)
             alive.add(p)
         return alive
 

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from xpu_serve import cleanup, exitcodes, output
+from xpu_serve import exitcodes, output, procfs
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Observer, Status, Trigger, Watcher
@@ -110,7 +110,7 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._stop_requested = self._kill_now = self._restart_requested = False
         self._lock = RuntimeLock(self.runtime_dir)
-        self._create_time = cleanup.proc_start_time(os.getpid())  # proves our pid (live_supervisor)
+        self._create_time = procfs.start_time(os.getpid())  # proves our pid (live_supervisor)
         self._wire(echo_out, -1 if engine_umask is None else engine_umask)
 
     def _wire(self, echo_out: TextIO | None, engine_umask: int) -> None:

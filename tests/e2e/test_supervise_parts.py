@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from xpu_serve import cleanup, exitcodes
+from xpu_serve import cleanup, exitcodes, procfs
 from xpu_serve.sources import health, processes
 from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.state import LockedError, RuntimeLock, lock_holder, read_state, write_state
@@ -381,7 +381,7 @@ def test_foreign_group_with_a_recorded_pgid_is_never_signalled() -> None:
     or start time): stop_tree leaves it alone; the right start time proves it."""
     sleeper = _setsid_sleep()
     try:
-        real = cleanup.proc_start_time(sleeper.pid)
+        real = procfs.start_time(sleeper.pid)
         assert real is not None
         wrong = {sleeper.pid: real - 3600.0}  # what an old state.json recorded for that pid
         assert cleanup.find_members("0123456789ab", None, [sleeper.pid], [sleeper.pid], wrong) == set()

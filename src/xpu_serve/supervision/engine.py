@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO, cast
 
-from xpu_serve import aio, cleanup, logdirs
+from xpu_serve import aio, cleanup, logdirs, procfs
 from xpu_serve.config import Config
 from xpu_serve.events import split_process_prefix
 from xpu_serve.incarnation import ProcessInfo, Trigger
@@ -181,7 +181,7 @@ class Engine:
         # the kernel's start time (psutil create_time, as discovery records for the others): the
         # proof that a pid is still this process when the tree is stopped (cleanup.is_proven);
         # our unreaped child cannot have been replaced yet
-        api_start = cleanup.proc_start_time(popen.pid)
+        api_start = procfs.start_time(popen.pid)
         ctx.processes[popen.pid] = ProcessInfo(
             name="APIServer", pid=popen.pid, started_at=api_start if api_start is not None else ctx.started_at
         )
@@ -382,7 +382,7 @@ class Engine:
         # the segments the orphans map or hold open are proven theirs (a kill -9 of the previous
         # supervisor right after launch leaves state.json without any): read before stopping them
         orphan_shm = cleanup.segments_of(members) if members else set()
-        orphan_starts = [t for t in (cleanup.proc_start_time(p) for p in members) if t is not None]
+        orphan_starts = [t for t in (procfs.start_time(p) for p in members) if t is not None]
         if members:
             self.log.emit(
                 "orphans",
@@ -491,8 +491,4 @@ def _cannot_start(program: str, ex: OSError) -> str:
 
 
 def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
+    return procfs.comm(pid) or "?"

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from xpu_serve import facts
+from xpu_serve import facts, procfs
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Trigger
 from xpu_serve.sources import processes as proc_src
@@ -312,12 +312,9 @@ class ExitWatcher:
 def exiting(pid: int) -> bool:
     """True when `pid` is gone, a zombie, or exiting: PF_EXITING (0x4, include/linux/sched.h,
     set by exit_signals() at the start of do_exit) in the flags field (9) of /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+    fields = procfs.stat_fields(pid)
+    if fields is None:
         return True
-    fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & 0x4)
     except (IndexError, ValueError):
