@@ -15,7 +15,7 @@ collective never reaches its SIGTERM handler's clean-up, so the full grace would
 nothing. Without `hang` (a crash, a planned restart, an operator stop) the full `grace_s` holds.
 Nothing is signalled unless proven ours (`is_proven`: the run marker below, or the start time
 recorded for that pid); the process group only while its leader is proven, since a group id
-whose leader is gone may be reused by another program (issue 4 item 1). Members:
+whose leader is gone may be reused by another program. Members:
 
 - every process of the engine's session while its leader is proven (the engine is started with
   `start_new_session=True`, so session id = process group id = the API server's pid);
@@ -42,7 +42,7 @@ path is removed only when it is proven to be this incarnation's:
 Everything else that appeared during the incarnation is kept and listed with the reason
 ("not proven ours: ..."); anything still mapped or open by a live process is kept too. Other
 vLLM servers on the same host name their files the same way, so a name or a creation time proves
-nothing (issue 4 item 6: the old name-and-time rule removed other runs' segments).
+nothing (a rule by name and time alone would remove other runs' segments).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _getsid(pid: int) -> int | None:
 def is_proven(
     pid: int, run_id: str | None, incarnation: int | None = None, starts: Mapping[int, Any] | None = None
 ) -> bool:
-    """True when the live process `pid` is proven to be one of ours (issue 4, item 1):
+    """True when the live process `pid` is proven to be one of ours:
 
     - its /proc/PID/environ carries XPU_SERVE_RUN_ID == run_id (and XPU_SERVE_INCARNATION ==
       incarnation unless that is None); or

