@@ -1,7 +1,8 @@
 """`Event`: one recognised line or fact, the unit every source feeds into the analysis.
 
-Line parsers for vLLM, oneCCL, kernel records and crash dumps live here and turn raw text into `Event`s. Live sources (log pump, kernel log,
-process watch, health) produce the same `Event`s, so `diagnose` and `up` share one pipeline.
+Line parsers for vLLM, oneCCL, kernel records and crash dumps live here and turn raw text into
+`Event`s. Live sources (log pump, kernel log, process watch, health) produce the same `Event`s,
+so `diagnose` and `up` share one pipeline.
 """
 
 from __future__ import annotations
