@@ -5,7 +5,6 @@ tests/e2e/test_probes_e2e.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import select
 import socket
