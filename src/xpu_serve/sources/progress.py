@@ -76,11 +76,16 @@ _WANTED = {
 # watchdog needs 4 numbers from ~100 families every second: that parser builds every family and
 # sample object (x20 the CPU of this scan on the simulator's 14 kB text: bench/bench_metrics_parse.py).
 _SAMPLE_RE = re.compile(
-    r"^(" + "|".join(re.escape(n) for n in _WANTED) + r")"
-    r"(?:\{(?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*\")*\})?[ \t]+([^ \t\n]+)[^\n]*$",
-    re.M,
+    r"(" + "|".join(re.escape(n) for n in _WANTED) + r")"
+    r"(?:\{(?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*\")*\})?[ \t]+([^ \t\n]+)[^\n]*",
 )
 _WANTED_START_RE = re.compile(r"^(?:" + "|".join(re.escape(n) for n in _WANTED) + r")[{ \t]", re.M)
+# One sample line is matched at a time, and a longer one is refused unread: the backtracking
+# state of the label-set scan grows with the line, and a 15 MB line of quoted values took 9 s
+# (on the supervisor's event loop). vLLM's lines are < 300 bytes.
+MAX_SAMPLE_LINE = 16 << 10
+# The body scrape_metrics reads at most (vLLM's /metrics is ~20-200 kB); larger: no sample.
+MAX_METRICS_BYTES = 8 << 20
 
 
 def parse_metrics(text: str) -> MetricsSample:
@@ -88,19 +93,22 @@ def parse_metrics(text: str) -> MetricsSample:
 
     Only sample lines of those families are read (comments and other families are skipped);
     values are summed over label sets. Raises ValueError when a line of one of them is not a
-    valid sample (bad label set or value).
+    valid sample (bad label set or value) or is longer than MAX_SAMPLE_LINE characters.
     """
     sums: dict[str, float] = {}
-    found = 0
-    for m in _SAMPLE_RE.finditer(text):
+    for start in _WANTED_START_RE.finditer(text):
+        end = text.find("\n", start.start())
+        end = len(text) if end < 0 else end
+        if end - start.start() > MAX_SAMPLE_LINE:
+            raise ValueError(f"/metrics: a sample line of vLLM's progress families is longer than {MAX_SAMPLE_LINE}")
+        m = _SAMPLE_RE.fullmatch(text, start.start(), end)
+        if m is None:
+            raise ValueError("/metrics: a sample line of vLLM's progress families does not parse")
         key = _WANTED[m[1]]
         try:
             sums[key] = sums.get(key, 0.0) + float(m[2])
         except ValueError:
             raise ValueError(f"/metrics: {m[1]} has a value that is not a number: {m[2][:40]!r}") from None
-        found += 1
-    if found != len(_WANTED_START_RE.findall(text)):
-        raise ValueError("/metrics: a sample line of vLLM's progress families does not parse")
     return MetricsSample(**sums)
 
 
@@ -255,15 +263,21 @@ class StatsLineProgress:
 
 
 async def scrape_metrics(client: httpx.AsyncClient, url: str, timeout_s: float) -> MetricsSample | None:
-    """GET `url` (the engine's /metrics) and parse it; None when unreachable, non-200, or unparseable."""
+    """GET `url` (the engine's /metrics) and parse it; None when unreachable, non-200, larger
+    than MAX_METRICS_BYTES (read no further), or unparseable."""
+    body = bytearray()
     try:
-        r = await client.get(url, timeout=timeout_s)
+        async with client.stream("GET", url, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                return None
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    return None
     except httpx.HTTPError:
         return None
-    if r.status_code != 200:
-        return None
     try:
-        sample = parse_metrics(r.text)
+        sample = parse_metrics(body.decode("utf-8", "replace"))
     except ValueError:
         return None
     if sample.in_flight is None and sample.tokens is None:
