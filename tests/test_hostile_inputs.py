@@ -262,3 +262,15 @@ def test_status_check_of_a_running_supervisor_with_a_bad_state_file(tmp_path: Pa
     not_dir.write_text("x")
     r = _xs("status", "--runtime-dir", str(not_dir))
     assert (r.returncode, r.stderr) == (2, f"{not_dir / 'state.json'}: Not a directory\n")
+
+
+def test_status_check_and_stop_with_a_fifo_for_the_lock_file(tmp_path: Path) -> None:
+    """A FIFO where supervisor.lock should be: the probe (docker HEALTHCHECK) and `stop`
+    blocked in open() until killed; now: no supervisor, at once."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    os.mkfifo(rt / "supervisor.lock")
+    r = _xs("status", "--check", "--runtime-dir", str(rt), timeout=20)
+    assert (r.returncode, r.stdout) == (2, f"no supervisor: none holds the lock of {rt}\n")
+    r = _xs("stop", "--runtime-dir", str(rt), timeout=20)
+    assert "Traceback" not in r.stderr and r.returncode in (exitcodes.OK, exitcodes.FAILURE), r
