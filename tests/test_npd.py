@@ -351,3 +351,12 @@ def test_custom_plugin_window_reads_back_as_the_same_number() -> None:
     assert r.returncode == 0, r.stderr
     args = json.loads(r.stdout)["rules"][0]["args"]
     assert float(args[args.index("--window") + 1]) == 1234567.0  # `%g` made it 1.23457e+06
+
+
+def test_custom_plugin_config_makes_relative_paths_absolute(tmp_path: Path) -> None:
+    r = subprocess.run([*CLI, "npd", "custom-plugin-config", "--path", "kern.log", "--exec", "bin/xpu-serve"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (rule,) = json.loads(r.stdout)["rules"]
+    assert rule["path"] == str(tmp_path / "bin/xpu-serve")  # NPD's working directory is its own
+    assert rule["args"][rule["args"].index("--path") + 1] == str(tmp_path / "kern.log")

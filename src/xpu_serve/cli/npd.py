@@ -146,9 +146,12 @@ def run(args: argparse.Namespace) -> int:
         check_args: list[str] = []
         for flag in ("source", "path", "window"):
             value = getattr(args, flag)
+            if flag == "path" and value is not None:
+                value = os.path.abspath(value)  # NPD runs the plugin from its own directory
             if value is not None:
                 check_args += [f"--{flag}", _number(value) if isinstance(value, float) else str(value)]
-        doc = npd.custom_plugin_config(args.exec_path or default_exec(), check_args, args.interval)
+        exec_path = os.path.abspath(args.exec_path) if args.exec_path else default_exec()
+        doc = npd.custom_plugin_config(exec_path, check_args, args.interval)
         return _write(doc, args.output, args.npd_command)
     except npd.NPDError as e:
         print(f"xpu-serve npd {args.npd_command}: {e}", file=sys.stderr)
