@@ -360,3 +360,9 @@ def test_custom_plugin_config_makes_relative_paths_absolute(tmp_path: Path) -> N
     (rule,) = json.loads(r.stdout)["rules"]
     assert rule["path"] == str(tmp_path / "bin/xpu-serve")  # NPD's working directory is its own
     assert rule["args"][rule["args"].index("--path") + 1] == str(tmp_path / "kern.log")
+
+
+def test_an_empty_path_is_bad_arguments_not_the_default_source() -> None:
+    for cmd in ("check", "custom-plugin-config"):
+        r = run_cli("npd", cmd, "--path", "")  # `--path "$UNSET"`: it read /dev/kmsg, or named the cwd
+        assert r.returncode == 2 and "--path: must not be empty" in r.stderr and r.stdout == "", r

@@ -38,9 +38,10 @@ def load_config_or_report(path: str | Path, problems: list[str] | None = None) -
 
 
 def nonempty_dir(text: str) -> str:
-    """argparse type of --runtime-dir: an empty value (``--runtime-dir "$UNSET"``) is an error
-    (exit 2), not "no option": `up` would fall back to the config's runtime_dir and `status` or
-    `stop` to /var/lib/xpu-serve, so they could look at different supervisors."""
+    """argparse type of --runtime-dir (and `npd`'s --path): an empty value (``--runtime-dir
+    "$UNSET"``) is an error (exit 2), not "no option": `up` would fall back to the config's
+    runtime_dir and `status` or `stop` to /var/lib/xpu-serve, so they could look at different
+    supervisors; `npd check` would read /dev/kmsg instead of the file."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     if "\0" in text:

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from xpu_serve import exitcodes
-from xpu_serve.cli._common import default_exec, positive_seconds, write_output
+from xpu_serve.cli._common import default_exec, nonempty_dir, positive_seconds, write_output
 
 _SOURCES = ("auto", "kmsg", "journalctl", "dmesg", "file")
 MAX_FILE_BYTES = 16 << 20  # classified at ~2 MB/s on a 2-core VM: inside NPD's 15 s plugin timeout
@@ -46,7 +46,7 @@ def _go_duration(text: str) -> str:
 def _source_args(p: argparse.ArgumentParser, window: float | None = None) -> None:
     p.add_argument("--source", choices=_SOURCES, default=None,
                    help="kernel log to read (default auto: /dev/kmsg, then journalctl -k, then dmesg; file with --path)")
-    p.add_argument("--path", help="read this file of kernel lines (kmsg, dmesg or journal shapes) instead")
+    p.add_argument("--path", type=nonempty_dir, help="read this file of kernel lines (kmsg, dmesg or journal shapes) instead")
     since = "since boot" if window is None else f"{window:g}"
     p.add_argument("--window", type=positive_seconds, default=window,
                    help=f"count temporary GPU events only this many seconds back (default: {since}); "
