@@ -222,3 +222,55 @@ def test_check_model_that_is_a_fifo(tmp_path: Path) -> None:
     r = _xs("check", "-c", str(tmp_path / "c.yaml"))
     assert r.returncode == exitcodes.USAGE
     assert f"engine.model {fifo} is neither a directory nor a regular file" in r.stdout, r.stdout
+
+
+_HOLD_LOCK = (
+    "import sys, time\nfrom pathlib import Path\nfrom xpu_serve.state import RuntimeLock\n"
+    "RuntimeLock(Path(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(60)\n"
+)
+
+
+def test_status_check_of_a_running_supervisor_with_a_bad_state_file(tmp_path: Path) -> None:
+    """The lock held (a real flock, as `up` holds it) and state.json torn, NaN or multi-line:
+    `not ready` (exit 1) in one line on stdout, never `no supervisor` (exit 2) or `ready`."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(rt)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        now = __import__("time").time()
+        for text, want in (
+            ('{"state": "rea', "not ready: unreadable state: "),
+            (json.dumps({"state": "ready", "written_at": float("nan"), "heartbeat_s": 5}),
+             "not ready: unreadable state: written_at: nan is not a finite number"),
+            (json.dumps({"state": "ready", "written_at": now, "heartbeat_s": float("inf")}),
+             "not ready: unreadable state: heartbeat_s: inf is not a finite number"),
+            (json.dumps({"state": "ready\nready", "reason": "a\nb", "written_at": now, "heartbeat_s": 5}),
+             "not ready: ready ready: a b"),
+        ):
+            (rt / "state.json").write_text(text)
+            r = _xs("status", "--check", "--runtime-dir", str(rt))
+            assert r.returncode == 1 and r.stdout.startswith(want) and r.stdout.count("\n") == 1, (text, r)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    (rt / "state.json").write_text("{")
+    r = _xs("status", "--check", "--runtime-dir", str(rt))
+    assert r.returncode == 2 and r.stdout.startswith(f"no supervisor: none holds the lock of {rt} (")
+    assert "not valid JSON" in r.stdout and r.stdout.count("\n") == 1
+    not_dir = tmp_path / "file"
+    not_dir.write_text("x")
+    r = _xs("status", "--runtime-dir", str(not_dir))
+    assert (r.returncode, r.stderr) == (2, f"{not_dir / 'state.json'}: Not a directory\n")
+
+
+def test_status_check_and_stop_with_a_fifo_for_the_lock_file(tmp_path: Path) -> None:
+    """A FIFO where supervisor.lock should be: the probe (docker HEALTHCHECK) and `stop`
+    blocked in open() until killed; now: no supervisor, at once."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    os.mkfifo(rt / "supervisor.lock")
+    r = _xs("status", "--check", "--runtime-dir", str(rt), timeout=20)
+    assert (r.returncode, r.stdout) == (2, f"no supervisor: none holds the lock of {rt}\n")
+    r = _xs("stop", "--runtime-dir", str(rt), timeout=20)
+    assert "Traceback" not in r.stderr and r.returncode in (exitcodes.OK, exitcodes.FAILURE), r

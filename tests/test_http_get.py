@@ -107,3 +107,47 @@ def test_a_server_that_never_answers_times_out_within_bounds() -> None:
         assert time.monotonic() - t0 < 5.0
     finally:
         s.close()
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """/trickle: a body of 100 bytes, one every 0.2 s; /endless: a body that never ends."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", "100" if self.path == "/trickle" else str(1 << 40))
+        self.end_headers()
+        try:
+            for _ in range(100 if self.path == "/trickle" else 1 << 30):
+                self.wfile.write(b"x" if self.path == "/trickle" else b"x" * 65536)
+                self.wfile.flush()
+                if self.path == "/trickle":
+                    time.sleep(0.2)
+        except OSError:
+            pass
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def test_a_trickling_or_endless_body_costs_at_most_the_deadline_and_max_bytes() -> None:
+    srv = _Server(("127.0.0.1", 0), _Trickle)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    g = KeepAliveGet("127.0.0.1", srv.server_address[1], timeout_s=1.0, max_bytes=1 << 20)
+
+    async def main() -> tuple[float, object, float, object]:
+        t0 = time.monotonic()
+        slow = await g.get("/trickle")  # each byte within the timeout: 20 s without a deadline
+        t1 = time.monotonic()
+        endless = await g.get("/endless")
+        return t1 - t0, slow, time.monotonic() - t1, endless
+
+    try:
+        slow_s, slow, endless_s, endless = asyncio.run(main())
+    finally:
+        g.close()
+        srv.shutdown()
+        srv.server_close()
+    assert slow.error == "timed out" and slow_s < 5, (slow, slow_s)  # type: ignore[attr-defined]
+    assert endless.error == "body larger than 1048576 bytes" and endless_s < 5  # type: ignore[attr-defined]

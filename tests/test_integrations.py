@@ -236,6 +236,41 @@ def test_unit_renders_with_a_secret_only_the_env_file_holds(tmp_path: Path) -> N
     assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
+def test_unit_values_cannot_inject_settings_or_specifiers(tmp_path: Path) -> None:
+    """A newline in the model name, `%` and `$` in the config path: one Description= line with
+    `%%`, an ExecStart= systemd reads back as the same path (`%%`, `$$`), no extra setting;
+    systemd-analyze verify stays silent. A newline where a unit has no escape: exit 2."""
+    d = tmp_path / "cfg %h $HOME ${HOME} 'q\" x"
+    d.mkdir()
+    cfg = d / "svc.yaml"
+    cfg.write_text(
+        'engine:\n  model: "/m/M\\n[Service]\\nExecStartPre=/bin/touch /tmp/pwned"\n'
+        '  served_model_name: "a%hb\\nExecStartPre=/bin/false"\n  tensor_parallel_size: 2\n'
+    )
+    exe = str(Path(sys.executable).parent / "xpu-serve")
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--exec", exe, "--env-file", str(tmp_path / "e.env")],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    keys = [line.split("=", 1)[0] for line in out.stdout.splitlines() if "=" in line]
+    assert "ExecStartPre" not in keys and keys.count("Description") == 1
+    lines = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert lines["Description"] == "xpu-serve: vLLM a%%hb ExecStartPre=/bin/false (tensor parallel 2)"
+    assert lines["ExecStart"] == f'{exe} up -c "{tmp_path}/cfg %%h $$HOME $${{HOME}} \'q\\" x/svc.yaml"'
+    if shutil.which("systemd-analyze"):
+        unit_path = tmp_path / "xpu-serve-x.service"
+        unit_path.write_text(out.stdout)
+        v = subprocess.run(["systemd-analyze", "verify", str(unit_path)], capture_output=True, text=True, timeout=60)
+        assert v.returncode == 0 and v.stderr.strip() == "", v.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--user", "svc\nExecStartPre=/bin/false"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("xpu-serve unit: User=: ") and bad.stderr.count("\n") == 1, bad.stderr
+
+
 def test_unit_bad_config_gives_one_line_and_exit_2(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "xpu_serve", "unit", "-c", str(tmp_path / "missing.yaml")],

@@ -5,6 +5,8 @@ tests/e2e/test_probes_e2e.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 import socket
 import threading
 import time
@@ -211,3 +213,79 @@ def test_probe_paths_are_served(path: str) -> None:
     assert _get(port, path).status_code in (200, 503)
 
 
+
+
+_SERVER = """
+import asyncio, os, resource, sys
+from xpu_serve.incarnation import Status
+from xpu_serve.integrations.metrics import SupervisorMetrics
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+async def main():
+    m = SupervisorMetrics()
+    print(m.start("127.0.0.1:0"), flush=True)
+    m.on_state(Status(state="ready", incarnation=1, restarts=0, supervisor_pid=os.getpid()))
+    while True:
+        await asyncio.sleep(0.2)
+        try:
+            open("/proc/self/stat").close()  # what the supervisor's own work needs: a descriptor
+        except OSError as e:
+            print("open failed:", e, file=sys.stderr, flush=True)
+asyncio.run(main())
+"""
+
+
+def test_idle_connection_flood_never_takes_the_supervisors_descriptors() -> None:
+    """300 connections that send nothing and one that sends a byte a second, against a
+    supervisor process limited to 256 descriptors: its descriptors stay bounded, its own open()
+    keeps working, the slow client is cut at the deadline and a prober is answered after it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    socks: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        base = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        for _ in range(300):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(1.0)
+        held = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        assert held <= base + probes.MAX_CONNECTIONS + 2, (base, held)
+        time.sleep(probes.REQUEST_DEADLINE_S + probes.SWEEP_S)  # the flood's accepted ones are cut
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        t0 = time.monotonic()
+        got, cut_at = None, None
+        for ch in b"GET /readyz HTTP/1.1\r\nHost: h\r\n" * 4:  # a byte every 0.5 s: 30 s in all
+            try:
+                slow.sendall(bytes([ch]))
+                if select.select([slow], [], [], 0.5)[0]:
+                    got = slow.recv(100)
+            except OSError:
+                got = b""
+            if got is not None:
+                cut_at = time.monotonic() - t0
+                break
+        assert got == b"" and cut_at is not None and cut_at < probes.REQUEST_DEADLINE_S + 2, (got, cut_at)
+        time.sleep(probes.SWEEP_S * 2)
+        r = _get(port, "/readyz")  # the flood's connections are still open on the client side
+        assert (r.status_code, r.text) == (200, "ready\n")
+    finally:
+        for s in socks:
+            s.close()
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    assert "open failed" not in err, err
+
+
+def test_absolute_form_target_and_query_string() -> None:
+    m = SupervisorMetrics()
+    port = m.start("127.0.0.1:0")
+    m.on_state(_st("ready"))
+    for target in (b"http://127.0.0.1/readyz", b"/readyz?x=1", b"http://h:1/readyz?x=%2F"):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+        assert data.startswith(b"HTTP/1.0 200 ") and data.endswith(b"\r\n\r\nready\n"), (target, data)

@@ -208,7 +208,7 @@ def test_check_unreadable_source_is_unknown(tmp_path: Path) -> None:
     code, out = _check("--path", str(tmp_path / "missing.log"))
     assert code == 2 and out.startswith("kernel log unreadable: ") and "missing.log" in out
     code, out = _check("--source", "file", "--path", str(tmp_path))
-    assert code == 2 and "Is a directory" in out
+    assert code == 2 and out.startswith("kernel log unreadable: not a regular file: ")
     r = run_cli("npd", "check", "--source", "file")
     assert r.returncode == 2 and "--path" in r.stderr
     r = run_cli("npd", "check", "--source", "kmsg", "--path", str(WEDGED_LOG))
@@ -284,3 +284,85 @@ def test_check_sees_a_gpu_record_written_to_kmsg() -> None:
     assert status == npd.PROBLEM and out.startswith("XeEngineResetCompute 0000:99:00.0 (1 GPU records")
     code, _ = _check("--source", "kmsg", "--window", "30")
     assert code == 1
+
+
+def test_check_is_unknown_at_once_for_what_is_no_kernel_log_file(tmp_path: Path) -> None:
+    """A FIFO nobody writes (it blocked for ever), /dev/zero and a 2 GiB sparse file (both read
+    as a clean log, the second after 25 s and 2 GB of memory): Unknown, one line, in seconds."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sparse = tmp_path / "sparse.log"
+    with open(sparse, "wb") as f:
+        f.truncate(2 << 30)
+    for path, why in ((fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file"),
+                      (sparse, "larger than 16 MiB")):
+        t0 = time.monotonic()
+        code, out = _check("--path", str(path))
+        assert code == 2 and out.startswith(f"kernel log unreadable: {why}: ") and path.name in out, out
+        assert time.monotonic() - t0 < 15  # NPD's plugin timeout
+
+
+def test_check_reads_the_last_line_without_newline_and_cuts_long_lines(tmp_path: Path) -> None:
+    wedged = WEDGED_LOG.read_text().splitlines()
+    line = next(x for x in wedged if "wedged" in x)
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"[    1.000000] " + b"\\x" * (3 << 20) + b"\n" + b"\xff\x00 junk\n" + line.encode())  # no final newline
+    t0 = time.monotonic()
+    code, out = _check("--path", str(log))
+    assert code == 1 and out.startswith("XPUDeviceWedged 0000:00:02.0 (1 GPU records since boot)"), out
+    assert time.monotonic() - t0 < 15
+
+
+def test_config_output_through_a_symlink_a_fifo_and_a_full_disk(tmp_path: Path) -> None:
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert run_cli("npd", "kernel-monitor", "-o", str(link)).returncode == 0
+    assert link.is_symlink() and json.loads(target.read_text())["plugin"] == "kmsg"
+    assert target.stat().st_mode & 0o777 == 0o640
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run_cli("npd", "kernel-monitor", "-o", str(fifo), timeout=20)  # nobody reads it: no hang
+    assert r.returncode == 2 and r.stderr.startswith(f"xpu-serve npd kernel-monitor: cannot write {fifo}: ")
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a tmpfs mount (root)")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(small)], check=True, timeout=30)
+    try:
+        old = small / "kernel-monitor.json"
+        old.write_text('{"old": "config"}\n')
+        with open(small / "fill", "wb") as f:
+            with pytest.raises(OSError):
+                f.write(b"x" * (64 << 10))
+                f.flush()
+        r = run_cli("npd", "kernel-monitor", "-o", str(old))
+        assert r.returncode == 2 and "No space left on device" in r.stderr
+        assert old.read_text() == '{"old": "config"}\n'  # the config NPD reads is still whole
+        assert sorted(p.name for p in small.iterdir()) == ["fill", "kernel-monitor.json"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True, timeout=30)
+
+
+def test_custom_plugin_window_reads_back_as_the_same_number() -> None:
+    r = run_cli("npd", "custom-plugin-config", "--window", "1234567")
+    assert r.returncode == 0, r.stderr
+    args = json.loads(r.stdout)["rules"][0]["args"]
+    assert float(args[args.index("--window") + 1]) == 1234567.0  # `%g` made it 1.23457e+06
+
+
+def test_custom_plugin_config_makes_relative_paths_absolute(tmp_path: Path) -> None:
+    r = subprocess.run([*CLI, "npd", "custom-plugin-config", "--path", "kern.log", "--exec", "bin/xpu-serve"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (rule,) = json.loads(r.stdout)["rules"]
+    assert rule["path"] == str(tmp_path / "bin/xpu-serve")  # NPD's working directory is its own
+    assert rule["args"][rule["args"].index("--path") + 1] == str(tmp_path / "kern.log")
+
+
+def test_an_empty_path_is_bad_arguments_not_the_default_source() -> None:
+    for cmd in ("check", "custom-plugin-config"):
+        r = run_cli("npd", cmd, "--path", "")  # `--path "$UNSET"`: it read /dev/kmsg, or named the cwd
+        assert r.returncode == 2 and "--path: must not be empty" in r.stderr and r.stdout == "", r

@@ -5,6 +5,7 @@ with real py-spy stack dumps of a real Python process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -198,6 +199,59 @@ def test_parse_metrics_agrees_with_prometheus_client_parser() -> None:
     assert got.prompt_tokens == pytest.approx(want[prog.PROMPT_TOKENS])
     assert got.generation_tokens == pytest.approx(want[prog.GENERATION_TOKENS])
     assert got.waiting >= 3
+
+
+def test_parse_metrics_refuses_a_huge_sample_line_at_once() -> None:
+    """A 15 MB sample line of quoted label values and no closing brace: the whole-text scan
+    backtracked over it for 9 s on the supervisor's loop; now it is refused unread."""
+    line = "vllm:num_requests_running{" + 'a="' * (5 << 20)
+    text = metrics_text(1, 0, 5, 5) + line + "\n"
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="longer than 16384"):
+        prog.parse_metrics(text)
+    assert time.monotonic() - t0 < 3
+    ok = 'vllm:num_requests_running{model_name="' + "m" * 16000 + '"} 2\n'
+    assert prog.parse_metrics(ok).running == 2.0  # long, but a line vLLM could write
+
+
+def test_scrape_metrics_reads_at_most_max_metrics_bytes() -> None:
+    """Over real HTTP: a valid /metrics body larger than MAX_METRICS_BYTES gives no sample (it
+    was read whole and parsed on the loop), a normal one gives its sums."""
+    from xpu_serve.sources.http_get import KeepAliveGet
+
+    one = b'vllm:num_requests_running{engine="0"} 1\n'
+    bodies = [metrics_text(3, 1, 10, 20).encode(), one * ((8 << 20) // len(one) + 1)]  # + a line
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = bodies.pop(0)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the client stops reading the huge one
+                self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    getter = KeepAliveGet("127.0.0.1", srv.server_address[1], 5.0, max_bytes=prog.MAX_METRICS_BYTES)
+
+    async def main() -> tuple[Any, Any]:
+        return await prog.scrape_metrics(getter), await prog.scrape_metrics(getter)
+
+    try:
+        small, huge = asyncio.run(main())
+    finally:
+        getter.close()
+        srv.shutdown()
+        srv.server_close()
+    assert (small.running, small.waiting, small.tokens) == (3.0, 1.0, 30.0)
+    assert huge is None
 
 
 def test_parse_stats_lines_from_real_log() -> None:

@@ -460,3 +460,29 @@ def test_tree_titles_and_discovery_without_setproctitle(tmp_path) -> None:
             "VLLM::EngineCor", "VLLM::Worker_TP", "VLLM::Worker_TP",
         ]
     assert "cannot set the process title" not in sim.log()
+
+
+_THREAD_TITLE_CHILD = """
+import sys, threading
+if sys.argv[1] == "own":
+    sys.modules["setproctitle"] = None
+from xpu_serve.sim.proctitle import set_title
+def title():
+    set_title("VLLM::Thread")
+    print(open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip())
+t = threading.Thread(target=title)
+t.start()
+t.join()
+print(open("/proc/self/comm").read().strip())
+"""
+
+
+def test_fallback_from_a_thread_names_that_thread_as_setproctitle_does() -> None:
+    pytest.importorskip("setproctitle")
+    got = {}
+    for way in ("lib", "own"):
+        r = subprocess.run([sys.executable, "-c", _THREAD_TITLE_CHILD, way], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        got[way] = r.stdout.split()  # [the calling thread's comm, the main thread's comm]
+    assert got["own"] == got["lib"], got
+    assert got["own"][0] == "VLLM::Thread" and got["own"][1] != "VLLM::Thread", got

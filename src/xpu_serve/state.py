@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -125,13 +126,17 @@ class RuntimeLock:
 
 
 def lock_holder(runtime_dir: Path) -> int | None:
-    """Pid of the live supervisor holding the lock of `runtime_dir`, or None when nobody holds it."""
+    """Pid of the live supervisor holding the lock of `runtime_dir`, or None when nobody holds it
+    (also when the lock file is no regular file: opened without blocking, a FIFO never hangs
+    `status`, `stop` or a probe)."""
     path = Path(runtime_dir) / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

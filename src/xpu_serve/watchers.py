@@ -487,7 +487,9 @@ class HangWatcher(_LineFed):
         last_canary = time.monotonic()
         canary_task: asyncio.Task[prog.CanaryResult] | None = None
         self._metrics, self._metrics_ok_at = metrics, None
-        getter = KeepAliveGet(probe_address(e.host), e.port, max(1.0, min(interval, 10.0)))
+        getter = KeepAliveGet(
+            probe_address(e.host), e.port, max(1.0, min(interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
+        )
         async with httpx.AsyncClient() as client:  # the canary's
             try:
                 while True:

@@ -315,3 +315,31 @@ def test_unit_under_real_systemd(ns: Namespace) -> None:
         f"incarnation 2 ready {t_ready2 - t_failed:.1f} s later (unit {sorted(states)} throughout, NRestarts 0); "
         f"SIGSTOP -> unit restarted by the watchdog and ready in {t_back - t_stop:.1f} s"
     )
+
+
+def test_unit_execstart_argv_is_exact_under_real_systemd(ns: Namespace) -> None:
+    """`unit`'s ExecStart= for a config path with `%`, `$`, quotes, a backslash and spaces: the
+    process systemd starts gets exactly that path (a shell-quoted one got `%h` expanded)."""
+    d = ns.work / "cfg %h $HOME ${HOME} 'q\" \\n x"
+    d.mkdir()
+    cfg = _config(ns.work, ns.tag, _free_port()).rename(d / "svc.yaml")
+    dump = ns.work / "argv.json"
+    exe = ns.work / "argv-dump"
+    exe.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(dump)!r}, 'w'))\n")
+    exe.chmod(0o755)
+    gen = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "unit", "-c", str(cfg), "--exec", str(exe),
+         "--env-file", str(ns.work / "svc.env")],
+        capture_output=True, text=True, timeout=60, cwd=ns.work,
+    )
+    assert gen.returncode == 0, gen.stderr
+    unit = f"xpu-argv-{ns.tag[:8]}.service"
+    (ns.work / unit).write_text(gen.stdout)
+    ns.run("cp", str(ns.work / unit), f"/run/systemd/system/{unit}")
+    ns.run("systemctl", "daemon-reload")
+    ns.run("systemctl", "start", "--no-block", unit)
+    deadline = time.monotonic() + 30
+    while not dump.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ns.run("systemctl", "stop", unit, check=False)
+    assert json.loads(dump.read_text()) == ["up", "-c", str(cfg.resolve())]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import math
 import os
 import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,9 +38,10 @@ def load_config_or_report(path: str | Path, problems: list[str] | None = None) -
 
 
 def nonempty_dir(text: str) -> str:
-    """argparse type of --runtime-dir: an empty value (``--runtime-dir "$UNSET"``) is an error
-    (exit 2), not "no option": `up` would fall back to the config's runtime_dir and `status` or
-    `stop` to /var/lib/xpu-serve, so they could look at different supervisors."""
+    """argparse type of --runtime-dir (and `npd`'s --path): an empty value (``--runtime-dir
+    "$UNSET"``) is an error (exit 2), not "no option": `up` would fall back to the config's
+    runtime_dir and `status` or `stop` to /var/lib/xpu-serve, so they could look at different
+    supervisors; `npd check` would read /dev/kmsg instead of the file."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     if "\0" in text:
@@ -65,3 +70,40 @@ def default_exec() -> str:
     if found:
         return os.path.abspath(found)
     return os.path.join(os.path.dirname(sys.executable), "xpu-serve")
+
+
+def write_output(text: str, path: str) -> None:
+    """Write `text` (UTF-8) to `path`, the `-o FILE` of a command. A regular file (or a new one;
+    through a symlink: its target) is replaced atomically: a temp file in its directory, fsync,
+    rename, the old file's mode (a new one: 0666 less the umask), so a failed write (a full disk)
+    leaves the old file whole. Anything else that exists (/dev/stdout, a FIFO with a reader) is
+    written in place, opened without blocking: a FIFO nobody reads fails at once. Raises OSError."""
+    real = os.path.realpath(path)
+    try:
+        st: os.stat_result | None = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    if st is None:
+        umask = os.umask(0)
+        os.umask(umask)
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=os.path.dirname(real))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -11,14 +11,17 @@ wrong type, e.g. `"processes": "x"`): one line `PATH: ...` on stderr, never a tr
 
 `--check` is a probe (docker HEALTHCHECK, exec probes, scripts) with its own exit codes, not
 the README's table: 0 the supervisor runs and its state is `ready`, 1 it runs and is not ready
-(starting, backoff, capturing, ... or a stale state file), 2 no supervisor runs (or its state
-cannot be read). One line on stdout: `ready`, `not ready: STATE[: REASON]` or `no supervisor: ...`.
+(starting, backoff, capturing, ... or a stale state file), 2 no supervisor runs (nobody holds
+the lock). One line on stdout: `ready`, `not ready: STATE[: REASON]` (also a
+running supervisor's state.json that cannot be read or is malformed: `not ready: unreadable
+state: ...`) or `no supervisor: ...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from datetime import datetime
@@ -105,10 +108,10 @@ def malformed(st: dict[str, Any]) -> str | None:
     list, got str"), or None when every field `status` reads has its type (null allowed)."""
 
     def bad(where: str, v: Any, types: tuple[type, ...]) -> str | None:
+        if isinstance(v, float) and not math.isfinite(v):  # json reads NaN, Infinity
+            return f"{where}: {v!r} is not a finite number"
         if v is None or (isinstance(v, types) and not isinstance(v, bool)):
             return None
-        if isinstance(v, float) and v != v:  # NaN
-            return f"{where}: NaN"
         want = " or ".join(t.__name__ for t in types)
         return f"{where}: expected {want}, got {type(v).__name__}"
 
@@ -164,19 +167,22 @@ def run(args: argparse.Namespace) -> int:
     runtime_dir = resolve_runtime_dir(args)
     if runtime_dir is None:
         return exitcodes.USAGE
+    unreadable = None
     try:
         st = read_state(runtime_dir)
     except PermissionError:  # RUNTIME is 0700, state.json 0600: the supervisor's user (or root) only
-        print(f"{runtime_dir}/state.json: permission denied: run status as the supervisor's user or root",
-              file=sys.stderr)
-        return exitcodes.USAGE
-    except (ValueError, OSError) as e:
-        print(str(e), file=sys.stderr)
-        return CHECK_NO_SUPERVISOR if getattr(args, "check", False) else exitcodes.USAGE
+        st, unreadable = None, f"{runtime_dir}/state.json: permission denied: run status as the supervisor's user or root"
+    except ValueError as e:
+        st, unreadable = None, str(e)
+    except OSError as e:
+        st, unreadable = None, f"{e.filename or runtime_dir}: {e.strerror or e}"
     holder = lock_holder(runtime_dir)
     alive = holder is not None  # the lock is authoritative: a pid alone may have been reused
     if getattr(args, "check", False):
-        return _check(runtime_dir, st, alive)
+        return _check(runtime_dir, st, alive, unreadable)
+    if unreadable:
+        print(unreadable, file=sys.stderr)
+        return exitcodes.USAGE
     if st is None:
         if args.json:
             print(json.dumps({"supervisor_alive": alive, "runtime_dir": str(runtime_dir), "state": None}))
@@ -213,14 +219,17 @@ def run(args: argparse.Namespace) -> int:
 CHECK_READY, CHECK_NOT_READY, CHECK_NO_SUPERVISOR = 0, 1, 2
 
 
-def _check(runtime_dir: Path, st: dict[str, Any] | None, alive: bool) -> int:
-    """`--check`: one line on stdout; CHECK_READY, CHECK_NOT_READY or CHECK_NO_SUPERVISOR."""
+def _check(runtime_dir: Path, st: dict[str, Any] | None, alive: bool, unreadable: str | None = None) -> int:
+    """`--check`: one line on stdout; CHECK_READY, CHECK_NOT_READY or CHECK_NO_SUPERVISOR.
+    `unreadable`: why state.json could not be read (then `st` is None)."""
     if not alive:
         last = f" (last state {st.get('state')})" if isinstance(st, dict) and st.get("state") else ""
-        print(f"no supervisor: none holds the lock of {runtime_dir}{last}")
+        why = f" ({unreadable})" if unreadable else ""
+        print(_one_line(f"no supervisor: none holds the lock of {runtime_dir}{last}{why}"))
         return CHECK_NO_SUPERVISOR
     if st is None or malformed(st):
-        print(f"not ready: no readable state in {runtime_dir} yet")
+        why = unreadable or (malformed(st) if st is not None else None) or f"no state in {runtime_dir} yet"
+        print(_one_line(f"not ready: unreadable state: {why}"))
         return CHECK_NOT_READY
     stale, age = staleness(st, alive)
     state = str(st.get("state"))
@@ -230,9 +239,13 @@ def _check(runtime_dir: Path, st: dict[str, Any] | None, alive: bool) -> int:
     if state == "ready":
         print("ready")
         return CHECK_READY
-    reason = f": {' '.join(str(st['reason']).split())}" if st.get("reason") else ""
-    print(f"not ready: {state}{reason}"[:200])
+    reason = f": {st['reason']}" if st.get("reason") else ""
+    print(_one_line(f"not ready: {state}{reason}"))
     return CHECK_NOT_READY
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def _same_process_alive(pid: int, started_at: Any) -> bool:

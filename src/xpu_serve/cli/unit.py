@@ -4,7 +4,8 @@ print a systemd unit for the config (choices explained in `xpu_serve.integration
 stdout: the unit. stderr: one `warning:` line per `${VAR}` the config uses without a default that
 would be unset under systemd, naming the env file to set it in. A `${VAR}` unset where `unit` runs
 (a secret that only the env file holds) does not stop it: the unit is rendered with the reference
-itself in its place. Exit 0, or 2 on a bad config or arguments."""
+itself in its place. Exit 0, or 2 on a bad config or arguments or a value a unit file cannot hold
+(a newline in a path or the user name)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,13 @@ def _load(path: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Print the unit and the environment warnings; exit 2 with one line per problem on a bad config."""
-    from xpu_serve.integrations.unit import WATCHDOG_SEC, default_env_file, env_file_warnings, render_unit
+    from xpu_serve.integrations.unit import (
+        WATCHDOG_SEC,
+        UnitError,
+        default_env_file,
+        env_file_warnings,
+        render_unit,
+    )
 
     cfg = _load(args.config)
     if cfg is None:
@@ -96,10 +103,13 @@ def run(args: argparse.Namespace) -> int:
     env_file = args.env_file.absolute() if args.env_file else default_env_file(Path(args.config))
     for line in env_file_warnings(_raw(args.config), env_file, args.user):
         print(f"xpu-serve unit: {line}", file=sys.stderr)
-    sys.stdout.write(
-        render_unit(
+    try:
+        text = render_unit(
             cfg, Path(args.config), exec_path, args.user,
             env_file=env_file, watchdog_sec=args.watchdog_sec or WATCHDOG_SEC,
         )
-    )
+    except UnitError as e:
+        print(f"xpu-serve unit: {e}", file=sys.stderr)
+        return exitcodes.USAGE
+    sys.stdout.write(text)
     return exitcodes.OK

@@ -15,7 +15,14 @@ loop. Answers (body: one line of text, `text/plain`):
 `/startupz` is meant for a Kubernetes startupProbe: it holds the liveness probe off while the
 model loads, and never overlaps the supervisor's own backoff (a kubelet restart during a
 start-up crash loop would stack a second backoff on the supervisor's).
-HEAD is answered like GET without a body; query strings are ignored.
+HEAD is answered like GET without a body; query strings are ignored, and so is the scheme and
+host of an absolute-form target (`GET http://host:9400/readyz`, RFC 9112 section 3.2.2).
+
+The listener never costs the supervisor its file descriptors or threads: at most
+`MAX_CONNECTIONS` connections are served at once (one more is closed at once, unread), and each
+is shut down `REQUEST_DEADLINE_S` after it was accepted, whatever it sent by then (a client
+that connects and sends nothing, or a byte a second, would otherwise hold a descriptor and a
+thread for ever, and a thousand of them would make the supervisor's own `open()` fail).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -38,6 +46,9 @@ METRICS_PATH = "/metrics"
 BEAT_S = 1.0  # loop heartbeat period, seconds
 LIVE_STALE_S = 5.0  # /livez fails when the last loop heartbeat is older than this, seconds
 _PAST_STARTUP = frozenset({"gave-up", "stopped"})
+MAX_CONNECTIONS = 32  # served at once; a scraper and three probers need 4
+REQUEST_DEADLINE_S = 5.0  # a connection is shut down this long after accept, seconds
+SWEEP_S = 0.5  # serve_forever's poll interval: how often late connections are swept, seconds
 
 
 class Probes:
@@ -129,7 +140,7 @@ def _handler(registry: CollectorRegistry, probes: Probes) -> type[BaseHTTPReques
             self._answer(body=False)
 
         def _answer(self, body: bool) -> None:
-            path = self.path.split("?", 1)[0]
+            path = urlsplit(self.path).path if "://" in self.path else self.path.split("?", 1)[0]
             if path == METRICS_PATH:
                 code, data, ctype = 200, generate_latest(registry), CONTENT_TYPE_LATEST
             elif path in routes:
@@ -150,15 +161,56 @@ def _handler(registry: CollectorRegistry, probes: Probes) -> type[BaseHTTPReques
     return Handler
 
 
-class _Server6(ThreadingHTTPServer):
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most MAX_CONNECTIONS connections, each shut down
+    REQUEST_DEADLINE_S after accept (swept by `service_actions`, which `serve_forever` calls
+    every `SWEEP_S`; the shutdown wakes the handler thread blocked in recv or send)."""
+
+    daemon_threads = True
+    request_queue_size = 64  # listen backlog (socketserver's 5 drops the SYNs of a burst)
+    max_connections = MAX_CONNECTIONS
+    deadline_s = REQUEST_DEADLINE_S
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._open: dict[socket.socket, float] = {}  # connection -> deadline (time.monotonic)
+        self._open_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = len(self._open) >= self.max_connections
+            if not full:
+                self._open[request] = time.monotonic() + self.deadline_s
+        if full:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        now = time.monotonic()
+        with self._open_lock:
+            late = [s for s, deadline in self._open.items() if deadline <= now]
+        for s in late:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+class _Server6(_BoundedServer):
     address_family = socket.AF_INET6
+
 
 
 def serve(host: str, port: int, registry: CollectorRegistry, probes: Probes) -> ThreadingHTTPServer:
     """Bind HOST:PORT and serve in a daemon thread; returns the server (`server_address[1]` is
     the bound port, useful with port 0). Raises OSError when the address cannot be bound."""
-    cls = _Server6 if ":" in host else ThreadingHTTPServer
+    cls = _Server6 if ":" in host else _BoundedServer
     server = cls((host, port), _handler(registry, probes))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="xpu-serve-metrics", daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, args=(SWEEP_S,), name="xpu-serve-metrics", daemon=True
+    ).start()
     return server

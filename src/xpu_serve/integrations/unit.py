@@ -41,13 +41,21 @@ tests/e2e/test_systemd_real.py checks them under a real systemd 252:
 - `WorkingDirectory=` the directory `unit` was run in: relative paths in the config (runtime_dir,
   model, engine command) resolve as they did when the operator ran `up` there by hand (systemd's
   default is `/`).
+
+Values are escaped for systemd, never for a shell (systemd.unit(5) "Specifiers",
+systemd.service(5) "Command lines"): `%` is a specifier, `$` an environment substitution in
+`ExecStart=`, whose words are double-quoted with C escapes (for a backslash, a quote, a
+newline, `xNN` for a control character); a newline would end the setting and start another,
+so `Description=` gets it as a space, and a path setting (`WorkingDirectory=`,
+`EnvironmentFile=`) or `User=` holding a control character is refused (UnitError): those
+settings have no escape for one. tests/e2e/test_systemd_real.py checks the argv systemd passes.
 """
 
 from __future__ import annotations
 
 import grp
 import math
-import shlex
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -67,9 +75,41 @@ SYSTEMD_SETS = frozenset(
 USER_VARS = frozenset({"HOME", "USER", "LOGNAME", "SHELL"})
 
 
-def _unit_path(p: Path) -> str:
-    """A path as a unit-file value: "%" escaped as "%%" (a specifier otherwise, systemd.unit(5))."""
-    return str(p).replace("%", "%%")
+class UnitError(ValueError):
+    """A value that cannot be written into a unit file (message names the setting)."""
+
+
+def _no_control(setting: str, text: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise UnitError(f"{setting}: {text!r} holds a control character (newline, tab...): systemd has no escape for it")
+    return text
+
+
+def _unit_path(setting: str, p: Path | str) -> str:
+    """A path as the value of `setting`: "%" escaped as "%%" (a specifier otherwise); UnitError
+    for a control character."""
+    return _no_control(setting, str(p)).replace("%", "%%")
+
+
+def _unit_text(text: str) -> str:
+    """Free text (Description=) on one line: whitespace runs and control characters become one
+    space, "%" is escaped."""
+    return " ".join("".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text).split()).replace("%", "%%")
+
+
+_EXEC_ESCAPES = {"\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$", "\n": "\\n"}
+
+
+_PLAIN_WORD = re.compile(r"[\w/.:,+=@-]+", re.ASCII)
+
+
+def exec_word(word: str) -> str:
+    """One argument of `ExecStart=` such that systemd passes exactly `word`: as it is when it
+    holds only `[A-Za-z0-9_/.:,+=@-]`, else double-quoted with escapes."""
+    if _PLAIN_WORD.fullmatch(word):
+        return word
+    out = (_EXEC_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in word)
+    return '"' + "".join(out) + '"'
 
 
 def host_groups(names: Iterable[str] = DEVICE_GROUPS, lookup: Callable[[str], Any] = grp.getgrnam) -> list[str]:
@@ -164,7 +204,7 @@ def render_unit(
     no_restart = sorted({exitcodes.USAGE, exitcodes.GAVE_UP_AT_ONCE, exitcodes.LOCKED})
     lines = [
         "[Unit]",
-        f"Description=xpu-serve: vLLM {name} (tensor parallel {config.engine.tensor_parallel_size})",
+        _unit_text(f"Description=xpu-serve: vLLM {name} (tensor parallel {config.engine.tensor_parallel_size})"),
         "After=network-online.target",
         "Wants=network-online.target",
         f"StartLimitIntervalSec={limit_interval}",
@@ -173,9 +213,9 @@ def render_unit(
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        "ExecStart=" + " ".join(shlex.quote(c) for c in cmd),
-        f"WorkingDirectory={_unit_path(Path(cwd or Path.cwd()).resolve())}",
-        f"EnvironmentFile=-{_unit_path(Path(env_file))}",
+        "ExecStart=" + " ".join(exec_word(c) for c in cmd),
+        f"WorkingDirectory={_unit_path('WorkingDirectory=', Path(cwd or Path.cwd()).resolve())}",
+        f"EnvironmentFile=-{_unit_path('EnvironmentFile=', Path(env_file))}",
         f"TimeoutStartSec={start_timeout}",
         f"TimeoutStopSec={stop_timeout}",
         f"WatchdogSec={watchdog_sec}",
@@ -191,7 +231,7 @@ def render_unit(
     if groups:
         lines.append("SupplementaryGroups=" + " ".join(groups))
     if user:
-        lines.append(f"User={user}")
+        lines.append(f"User={_unit_path('User=', user)}")
     if runtime_dir == "/var/lib/xpu-serve":
         lines.append("StateDirectory=xpu-serve")
         lines.append("StateDirectoryMode=0700")

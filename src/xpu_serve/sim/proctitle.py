@@ -12,7 +12,8 @@ without `SPT_NOENV=1` it also blanks `/proc/PID/environ` as vLLM's processes do)
 simulator must still run (`pip install -e .` alone runs the README's demo), so the fallback
 writes the same bytes itself: the title and NUL padding over the argv area through
 `/proc/self/mem` (its bounds are fields 48-49 of `/proc/self/stat`, `arg_start`/`arg_end`,
-proc(5)), then the comm through `/proc/self/comm`. The fallback never touches the environment
+proc(5)), then the comm of the calling thread through `/proc/thread-self/comm` (prctl
+PR_SET_NAME names the calling thread too; `/proc/self/comm` would rename the main thread). The fallback never touches the environment
 area, i.e. it behaves as setproctitle with `SPT_NOENV=1` (what the supervisor sets).
 `tests/test_sim.py` checks that both ways give byte-identical cmdline and comm.
 """
@@ -43,7 +44,7 @@ def set_title(title: str) -> None:
     except (OSError, ValueError) as e:
         print(f"xpu_serve.sim: cannot set the process title {title!r} in /proc/self/cmdline ({e}); "
               "install setproctitle (pip install 'xpu-serve[sim]')", file=sys.stderr)
-    with open("/proc/self/comm", "wb") as f:
+    with open("/proc/thread-self/comm", "wb") as f:
         f.write(title.encode()[:COMM_MAX])
 
 

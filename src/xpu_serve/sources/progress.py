@@ -77,11 +77,17 @@ _WANTED = {
 # watchdog needs 4 numbers from ~100 families every second: that parser builds every family and
 # sample object (x20 the CPU of this scan on the simulator's 14 kB text: bench/bench_metrics_parse.py).
 _SAMPLE_RE = re.compile(
-    r"^(" + "|".join(re.escape(n) for n in _WANTED) + r")"
-    r"(?:\{(?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*\")*\})?[ \t]+([^ \t\n]+)[^\n]*$",
-    re.M,
+    r"(" + "|".join(re.escape(n) for n in _WANTED) + r")"
+    r"(?:\{(?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*\")*\})?[ \t]+([^ \t\n]+)[^\n]*",
 )
 _WANTED_START_RE = re.compile(r"^(?:" + "|".join(re.escape(n) for n in _WANTED) + r")[{ \t]", re.M)
+# One sample line is matched at a time, and a longer one is refused unread: the backtracking
+# state of the label-set scan grows with the line, and a 15 MB line of quoted values took 9 s
+# (on the supervisor's event loop). vLLM's lines are < 300 bytes.
+MAX_SAMPLE_LINE = 16 << 10
+# The /metrics body the hang watchdog reads at most (vLLM's is ~20-200 kB; KeepAliveGet's
+# max_bytes); larger: no sample.
+MAX_METRICS_BYTES = 8 << 20
 
 
 def parse_metrics(text: str) -> MetricsSample:
@@ -89,19 +95,22 @@ def parse_metrics(text: str) -> MetricsSample:
 
     Only sample lines of those families are read (comments and other families are skipped);
     values are summed over label sets. Raises ValueError when a line of one of them is not a
-    valid sample (bad label set or value).
+    valid sample (bad label set or value) or is longer than MAX_SAMPLE_LINE characters.
     """
     sums: dict[str, float] = {}
-    found = 0
-    for m in _SAMPLE_RE.finditer(text):
+    for start in _WANTED_START_RE.finditer(text):
+        end = text.find("\n", start.start())
+        end = len(text) if end < 0 else end
+        if end - start.start() > MAX_SAMPLE_LINE:
+            raise ValueError(f"/metrics: a sample line of vLLM's progress families is longer than {MAX_SAMPLE_LINE}")
+        m = _SAMPLE_RE.fullmatch(text, start.start(), end)
+        if m is None:
+            raise ValueError("/metrics: a sample line of vLLM's progress families does not parse")
         key = _WANTED[m[1]]
         try:
             sums[key] = sums.get(key, 0.0) + float(m[2])
         except ValueError:
             raise ValueError(f"/metrics: {m[1]} has a value that is not a number: {m[2][:40]!r}") from None
-        found += 1
-    if found != len(_WANTED_START_RE.findall(text)):
-        raise ValueError("/metrics: a sample line of vLLM's progress families does not parse")
     return MetricsSample(**sums)
 
 
@@ -259,7 +268,7 @@ async def scrape_metrics(getter: KeepAliveGet) -> MetricsSample | None:
     """GET /metrics over the kept-alive connection and parse it; None when unreachable, non-200,
     unparseable, or not vLLM's metrics (none of the four families)."""
     res = await getter.get("/metrics")
-    if res.status != 200:
+    if res.status != 200 or res.error is not None:  # (a body over the getter's max_bytes)
         return None
     try:
         sample = parse_metrics(res.body.decode("utf-8", "replace"))
