@@ -41,6 +41,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not left:
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.ensure_newline()
     write = tr.write_line if tr is not None else (lambda s: print(s, file=sys.stderr))
     write(f"shared memory leaked by this session's simulators ({len(left)}, removed now):")
     for path in left:
