@@ -26,14 +26,17 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from xpu_serve.cleanup import remove_segments
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
+from xpu_serve.sim.harness import run_files, shm_prefix
 from xpu_serve.watchers import HangWatcher
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -102,9 +105,15 @@ def check_plausible(ours: float, theirs: float, scale: float) -> None:
 
 def one_run(scale: float) -> tuple[float, float]:
     port = free_port()
+    tag = uuid.uuid4().hex  # names this run's /dev/shm and /tmp files: removed after the SIGKILL
     env = dict(
-        os.environ, XPU_SERVE_SIM_TIME_SCALE=str(scale), XPU_SERVE_SIM_FAULTS="worker-hang rank=1 after=300"
+        os.environ,
+        XPU_SERVE_SIM_TIME_SCALE=str(scale),
+        XPU_SERVE_SIM_FAULTS="worker-hang rank=1 after=300",
+        XPU_SERVE_SIM_DIST_TAG=tag,
+        XPU_SERVE_SIM_SHM_PREFIX=shm_prefix(tag),
     )
+    started = time.time()
     sim = subprocess.Popen(
         [
             sys.executable,
@@ -190,6 +199,8 @@ def one_run(scale: float) -> tuple[float, float]:
         except ProcessLookupError:
             pass
         sim.wait()
+        # the SIGKILL took multiprocessing's resource tracker too: nothing else unlinks them
+        remove_segments(None, set(run_files(tag, env["XPU_SERVE_SIM_SHM_PREFIX"])), started, None)
 
 
 def main() -> int:

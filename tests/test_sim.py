@@ -3,6 +3,7 @@ as a real process tree (titles, environment, HTTP, metrics, token flow, SIGTERM,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from xpu_serve import cleanup
 from xpu_serve.sim.faults import FaultSpecError, active, parse_faults
 from xpu_serve.sim.harness import PREFIX_RE, SimRun
 from xpu_serve.sim.kernel import (
@@ -130,6 +132,10 @@ def test_bad_fault_specs_name_entry_and_key(spec: str, needle: str) -> None:
         # the workers derive a port from the tag's hex: caught at start, not as a worker traceback
         ({"XPU_SERVE_SIM_DIST_TAG": "beek"}, "XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got 'beek'"),
         ({"XPU_SERVE_SIM_PREFIX": "0.20"}, "XPU_SERVE_SIM_PREFIX: expected one of 0.14, 0.32, got '0.20'"),
+        (
+            {"XPU_SERVE_SIM_SHM_PREFIX": "psm/x"},
+            "XPU_SERVE_SIM_SHM_PREFIX: letters, digits, '_', '.', '-' only (1-64), got 'psm/x'",
+        ),
         (
             {"XPU_SERVE_SIM_FAULTS": "host-oom rank=1 rank=1"},
             "XPU_SERVE_SIM_FAULTS: 'host-oom rank=1 rank=1': rank= given twice",
@@ -363,6 +369,33 @@ def test_healthy_tree_logs_http_metrics_and_sigterm(tmp_path) -> None:
             f"/dev/shm/vllm_dist_{sim.run_id}-cpushm_{r}" for r in range(4)
         ]
     assert SimRun.__exit__ and not sim.leftovers()
+
+
+def test_sigkilled_run_leaves_no_segment_behind(tmp_path) -> None:
+    """A SIGKILL to the session kills multiprocessing's resource tracker with the tree, so nothing
+    unlinks the EngineCore's MessageQueue buffer: `SimRun`'s exit removes it and the cpushm
+    segments, proven by the processes' own mappings."""
+    sim = SimRun(tmp_path, tp=2)
+    mapped: set[str] = set()
+    try:
+        with sim:
+            sim.wait_ready(60)
+            engine = sim.pids_by_name()["EngineCore_DP0"]
+            mapped = {p for p in cleanup.segments_of([p.pid for p in sim.processes()]) if "/dev/shm/" in p}
+            buffers = [p for p in cleanup.segments_of([engine]) if "/dev/shm/" in p and "cpushm" not in p]
+            # named by the run (XPU_SERVE_SIM_SHM_PREFIX): <session's base><run id>_<8 hex>
+            assert len(buffers) == 1 and re.fullmatch(
+                re.escape(f"/dev/shm/{os.environ['XPU_SERVE_SIM_SHM_PREFIX']}{sim.run_id}_") + "[0-9a-f]{8}",
+                buffers[0],
+            ), buffers
+            assert set(buffers) | {f"/dev/shm/vllm_dist_{sim.run_id}-cpushm_{r}" for r in range(2)} <= mapped
+        assert not sim.processes()
+        assert [p for p in mapped if os.path.exists(p)] == []
+        assert sim.leftovers() == []
+    finally:
+        for path in mapped:  # this run's own (mapped by its processes), should the test fail
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def test_busy_port_fails_like_vllm(tmp_path) -> None:

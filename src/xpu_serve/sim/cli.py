@@ -14,7 +14,9 @@ Environment: ``XPU_SERVE_SIM_FAULTS`` (see :mod:`xpu_serve.sim.faults`),
 ``VLLM_LOG_STATS_INTERVAL`` (10), ``XPU_SERVE_SIM_PREFIX`` (``0.14``, default, or ``0.32``: whose
 process-prefix shapes to print, see :func:`xpu_serve.sim.faults.prefix_style`), ``XPU_SERVE_INCARNATION``, ``XPU_SERVE_SIM_DIST_TAG`` (the hex in
 ``/tmp/vllm_dist_<hex>`` and ``/dev/shm/vllm_dist_<hex>-cpushm_<rank>``; 1-64 hex digits, checked at
-start; random by default).
+start; random by default), ``XPU_SERVE_SIM_SHM_PREFIX`` (the EngineCore's MessageQueue segment is
+``/dev/shm/<prefix><8 hex>``; unset: Python's random ``psm_<8 hex>``, as real vLLM; letters, digits,
+``_``, ``.``, ``-``, 1-64, checked at start).
 
 Exit codes: 0 after a shutdown (including every engine failure, as vLLM), 1 when start-up
 fails (as vLLM), 2 for bad arguments or a bad fault spec (one line on stderr, no traceback).
@@ -154,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     # hex only: the workers derive the init port from its first hex digits (worker.py, dist-init)
     if not re.fullmatch(r"[0-9A-Fa-f]{1,64}", dist_tag):
         return _fail(f"XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got {dist_tag!r}")
+    shm_prefix = os.environ.get("XPU_SERVE_SIM_SHM_PREFIX", "")
+    if shm_prefix and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shm_prefix):
+        return _fail(f"XPU_SERVE_SIM_SHM_PREFIX: letters, digits, '_', '.', '-' only (1-64), got {shm_prefix!r}")
 
     non_default: dict[str, Any] = {}
     if args.model_tag:
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         execute_model_timeout=exec_timeout,
         faults=active(faults, getenv_incarnation()),
         dist_tag=dist_tag,
+        shm_prefix=shm_prefix,
         prefix_style=style,
         nnodes=args.nnodes,
         node_rank=args.node_rank,

@@ -45,6 +45,7 @@ class SimConfig:
     execute_model_timeout: float = 300.0  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
     faults: list[Fault] = field(default_factory=list)  # active for this incarnation
     dist_tag: str = ""  # hex shared by /tmp/vllm_dist_<hex> and /dev/shm/vllm_dist_<hex>-cpushm_<rank>
+    shm_prefix: str = ""  # XPU_SERVE_SIM_SHM_PREFIX: the MessageQueue segment's name prefix ("": psm_)
     kv_cache_tokens: int = 220160
     prefix_style: str = "0.14"  # XPU_SERVE_SIM_PREFIX: "0.14" or "0.32" (see faults.prefix_style)
     nnodes: int = 1  # --nnodes: hosts of the group (sim.multinode)

@@ -18,6 +18,7 @@ import faulthandler
 import multiprocessing
 import os
 import queue
+import secrets
 import signal
 import sys
 import threading
@@ -144,7 +145,11 @@ class EngineCore:
         FileStore opens it only for moments, and there the supervisor proves it ours by the
         `distributed_init_method=file://...` log line or by the id in the mapped cpushm names.
         The simulator logs a tcp:// init method (XPU), so this open descriptor is what lets the
-        supervisor prove the file ours before any worker has mapped its segment."""
+        supervisor prove the file ours before any worker has mapped its segment.
+
+        The buffer is `psm_<8 hex>` (Python's default name, as vLLM's ShmRingBuffer:
+        vllm/distributed/device_communicators/shm_broadcast.py), or `<shm_prefix><8 hex>` when
+        XPU_SERVE_SIM_SHM_PREFIX is set, so that a test can tell its own leftovers from others'."""
         try:
             self.dist_fd = os.open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
@@ -152,7 +157,8 @@ class EngineCore:
         try:
             from multiprocessing import shared_memory
 
-            self.shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+            name = self.cfg.shm_prefix + secrets.token_hex(4) if self.cfg.shm_prefix else None
+            self.shm = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
         except (OSError, ValueError):
             self.shm = None
 

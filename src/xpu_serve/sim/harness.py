@@ -7,7 +7,11 @@
 Every process of a run carries ``XPU_SERVE_SIM_RUN_ID=<uuid>`` in its environment (inherited, like
 ``XPU_SERVE_INCARNATION``; visible in /proc/PID/environ because the run sets ``SPT_NOENV=1``), so :meth:`SimRun.processes` finds the whole tree, re-parented orphans
 included, and :meth:`SimRun.kill_all` leaves nothing behind. The run's own /dev/shm and /tmp
-``vllm_dist_*`` leftovers are removed by :meth:`SimRun.cleanup_leftovers`.
+``vllm_dist_*`` leftovers are removed by :meth:`SimRun.cleanup_leftovers`, by the supervisor's
+ownership rule (:func:`xpu_serve.cleanup.remove_segments`): what the run's processes mapped or held
+open before :meth:`SimRun.kill_all`, and what carries the run id in its name. The EngineCore's
+MessageQueue buffer (``psm_*``, registered with multiprocessing's resource tracker) is among them: the
+tracker unlinks it when the tree exits, but not when a SIGKILL to the session kills the tracker too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from typing import Any
 
 import psutil
 
+from xpu_serve import cleanup
+
+SHM_PREFIX_VAR = "XPU_SERVE_SIM_SHM_PREFIX"
+"""The simulator's MessageQueue segment name prefix (sim/cli.py); a test session sets a base for it."""
 PREFIX_RE = re.compile(r"^\((?P<name>[\w:.-]+) pid=(?P<pid>\d+)\) ")
 
 
@@ -38,6 +46,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def shm_prefix(run_id: str) -> str:
+    """``<base><run_id>_``: the name prefix of a run's MessageQueue segment; ``<base>`` is
+    XPU_SERVE_SIM_SHM_PREFIX of this process (a test session's own, tests/conftest.py) or ``psm_``."""
+    return f"{os.environ.get(SHM_PREFIX_VAR) or 'psm_'}{run_id}_"
+
+
+def run_files(tag: str, prefix: str) -> list[str]:
+    """Existing ``/dev/shm/vllm_dist_<tag>-*``, ``/dev/shm/<prefix>*`` and ``/tmp/vllm_dist_<tag>``
+    (`tag`: XPU_SERVE_SIM_DIST_TAG, `prefix`: XPU_SERVE_SIM_SHM_PREFIX of one run)."""
+    shm = glob.glob(f"/dev/shm/vllm_dist_{glob.escape(tag)}*") + glob.glob(f"/dev/shm/{glob.escape(prefix)}*")
+    return sorted(shm + glob.glob(f"/tmp/vllm_dist_{glob.escape(tag)}"))
 
 
 class SimRun:
@@ -95,6 +116,8 @@ class SimRun:
                 "XPU_SERVE_SIM_TIME_SCALE": str(scale),
                 "XPU_SERVE_SIM_RUN_ID": self.run_id,
                 "XPU_SERVE_SIM_DIST_TAG": self.run_id,
+                # the MessageQueue buffer carries the run id too: `leftovers` finds it by name
+                SHM_PREFIX_VAR: shm_prefix(self.run_id),
                 # setproctitle (vLLM's titles) blanks /proc/PID/environ unless SPT_NOENV is set; the
                 # supervisor sets it too (supervisor.py), so the marker sweep can see every process.
                 "SPT_NOENV": "1",
@@ -106,6 +129,8 @@ class SimRun:
         self.env.update(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
+        self.started_wall = time.time()
+        self.mapped: set[str] = set()  # what the run's processes mapped or held open (kill_all)
 
     def __enter__(self) -> SimRun:
         self.start()
@@ -128,6 +153,7 @@ class SimRun:
                 cwd=str(self.workdir),
             )
         self.started = time.monotonic()
+        self.started_wall = time.time()
 
     # -- observation -------------------------------------------------------------------------
     def url(self, path: str) -> str:
@@ -248,7 +274,9 @@ class SimRun:
 
     # -- cleanup -----------------------------------------------------------------------------
     def kill_all(self) -> None:
-        """SIGKILL every process of the run (session, then environment marker) and reap the API server."""
+        """SIGKILL every process of the run (session, then environment marker) and reap the API
+        server; first records what they map or hold open (`mapped`), for `cleanup_leftovers`."""
+        self.mapped |= cleanup.segments_of([p.pid for p in self.processes()])
         if self.proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -260,13 +288,12 @@ class SimRun:
                 self.proc.wait(5)
 
     def leftovers(self) -> list[str]:
-        """``/dev/shm/vllm_dist_<tag>-*`` and ``/tmp/vllm_dist_<tag>`` of this run that still exist
-        (the run's tag is its run id, passed as XPU_SERVE_SIM_DIST_TAG)."""
-        tag = self.run_id
-        return sorted(glob.glob(f"/dev/shm/vllm_dist_{tag}*") + glob.glob(f"/tmp/vllm_dist_{tag}"))
+        """``/dev/shm/vllm_dist_<tag>-*``, ``/dev/shm/<shm prefix>*`` (the MessageQueue buffer) and
+        ``/tmp/vllm_dist_<tag>`` of this run that still exist (`run_files`; the tag is the run id)."""
+        return run_files(self.run_id, self.env[SHM_PREFIX_VAR])
 
-    def cleanup_leftovers(self) -> None:
-        """Remove this run's leaked segments and files (what a supervisor's sweep would do)."""
-        for path in self.leftovers():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+    def cleanup_leftovers(self) -> cleanup.SegmentReport:
+        """Remove this run's leaked segments and files as a supervisor's sweep does
+        (`cleanup.remove_segments`): those its processes mapped or held open (`mapped`) or that
+        carry its run id, unless another live process maps them or they predate the run."""
+        return cleanup.remove_segments(None, self.mapped | set(self.leftovers()), self.started_wall, None)
