@@ -37,12 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xpu-serve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            mod = importlib.import_module(f"xpu_serve.cli.{module}")
-        except ModuleNotFoundError as e:
-            if e.name == f"xpu_serve.cli.{module}":
-                continue  # subcommand not built yet
-            raise
+        mod = importlib.import_module(f"xpu_serve.cli.{module}")
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

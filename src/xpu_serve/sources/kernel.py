@@ -266,11 +266,11 @@ def _signature_table() -> Any:
     if now - _table_tried_at < 10.0:
         return None
     _table_tried_at = now
-    try:
-        import importlib
+    from xpu_serve.signatures import SignatureError, load_table  # (imported on first use: heavy)
 
-        _table = importlib.import_module("xpu_serve.signatures").load_table()
-    except Exception:  # not landed yet, or malformed: classify nothing rather than fail the watch
+    try:
+        _table = load_table()
+    except (SignatureError, OSError):  # a malformed or unreadable table: classify nothing, keep watching
         _table = None
     return _table
 
