@@ -23,6 +23,7 @@ from xpu_serve.sim.kernel import segfault_records, write_records
 from xpu_serve.supervision.watch import is_fatal
 from xpu_serve.watchers import KernelWatcher
 
+from .helpers import kmsg_readable
 from .test_kernel_source import Ctx, make_config, spawn_with_comm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,31 @@ def test_kernel_settle_waits_for_a_late_segfault_record(tmp_path: Path) -> None:
     seg = [e for e in ctx.records if "segfault at" in e.text]
     assert len(seg) == 1 and seg[0].rank == 2 and seg[0].process == "Worker_TP2"
     assert kw.crash_pids == {worker.pid}
+
+
+@pytest.mark.skipif(not kmsg_readable(), reason="/dev/kmsg is not readable here (needs root or CAP_SYSLOG)")
+def test_kernel_settle_from_kmsg_ends_within_the_short_kmsg_window() -> None:
+    """From the real /dev/kmsg (read only), a death with no crash record (a `kill -9` from user
+    space) settles within KMSG_SETTLE_S, not the configured settle_s (3 s here)."""
+    from xpu_serve.watchers import KMSG_SETTLE_S
+
+    cfg = make_config(source="kmsg")
+    kw = KernelWatcher(cfg, settle_s=3.0)
+    ctx = Ctx(cfg)
+
+    async def main() -> tuple[str | None, bool, float]:
+        task = asyncio.ensure_future(kw.run(ctx))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        got = await kw.settle(ctx, [2**22 + 7])  # a pid no record names
+        waited = time.monotonic() - t0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return kw.source_kind, got, waited
+
+    kind, got, waited = asyncio.run(main())
+    assert kind == "kmsg" and got is False
+    assert KMSG_SETTLE_S * 0.5 <= waited < 1.0, waited
 
 
 def test_kernel_settle_gives_up_after_settle_s_and_when_not_reading(tmp_path: Path) -> None:

@@ -33,41 +33,37 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import re
-import signal
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cmp_to_key
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
+from xpu_serve.analysis.contract import PHASES, TIMELINE_MAX
+from xpu_serve.analysis.deaths import death_signal, normalize_process
+from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE
+from xpu_serve.analysis.timeorder import tkey as _tkey
+from xpu_serve.analysis.traceback import Step, TracebackTracker
+from xpu_serve.analysis.verdict import VerdictMixin
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
-from xpu_serve.signatures import Signature, SignatureTable, load_table
+from xpu_serve.signatures import Signature, SignatureTable
 
-MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
-MAX_GROUPS = 4096  # consequence groups (signature, process, rank) kept
+__all__ = [
+    "MAX_GROUPS",
+    "MAX_PER_SIGNATURE",
+    "PHASES",
+    "TIMELINE_MAX",
+    "Analyzer",
+    "Incident",
+    "death_signal",
+    "diagnose_files",
+    "gpu_runtime_frame",
+    "normalize_process",
+]
+
 MAX_LINE = 65536  # longer lines are cut (bytes) when reading files
-TIMELINE_MAX = 15
-PHASES = (
-    "args",
-    "engine-init",
-    "dist-init",
-    "ccl-init",
-    "load-model",
-    "kv-cache",
-    "engine-ready",
-    "api",
-    "ready",
-)
-_READY_PHASES = {"ready", "serving"}
-_ENGINE_UP_PHASES = {"engine-ready", "api"}  # the engine finished start-up; the API server follows
-_WORKER_RE = re.compile(r"(?:VllmWorker-|Worker_TP|VllmWorker_TP)(\d+)")
-_EXC_LINE_RE = re.compile(
-    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
-)
-_REFAISE_RE = re.compile(r"Worker failed with error")
 # the innermost frame of an exception raised by vLLM's command-line parsing or config checks:
 # FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py) and the
 # config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
@@ -81,78 +77,7 @@ _STATS_AT = re.compile(
     r"Avg prompt throughput: (?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) "
     r"tokens/s, Running: (?P<running>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<waiting>\d+) reqs"
 )
-_EXIT_SIG = {
-    "-11": "SIGSEGV",
-    "-6": "SIGABRT",
-    "-9": "SIGKILL",
-    "-7": "SIGBUS",
-    "-15": "SIGTERM",
-    "-4": "SIGILL",
-}
-# how crash dumps name the signal (CPython faulthandler: Python/faulthandler.c `faulthandler_handlers`;
-# tvm-ffi's "!!!!!!! Segfault encountered !!!!!!!"; the kernel's "segfault at")
-_SIGNAME = {
-    "segmentation fault": "SIGSEGV",
-    "segfault": "SIGSEGV",
-    "aborted": "SIGABRT",
-    "abort": "SIGABRT",
-    "bus error": "SIGBUS",
-    "floating point exception": "SIGFPE",
-    "illegal instruction": "SIGILL",
-    "killed": "SIGKILL",
-    # zsh's job reports (Src/signames2.awk names SIGIOT = SIGABRT on Linux "IOT instruction")
-    "iot instruction": "SIGABRT",
-    "illegal hardware instruction": "SIGILL",
-    # the shell's job reports in other languages (glibc strsignal translations: po/de.po, fr.po, ...)
-    "speicherzugriffsfehler": "SIGSEGV",
-    "erreur de segmentation": "SIGSEGV",
-    "violación de segmento": "SIGSEGV",
-    "falha de segmentação": "SIGSEGV",
-    "errore di segmentazione": "SIGSEGV",
-    "ошибка сегментирования": "SIGSEGV",
-    "段错误": "SIGSEGV",
-    "セグメンテーション違反です": "SIGSEGV",
-    "abgebrochen": "SIGABRT",
-    "abandon": "SIGABRT",
-    "abortado": "SIGABRT",
-    "аварийный останов": "SIGABRT",
-    "已放弃": "SIGABRT",
-    "中止": "SIGABRT",
-    "getötet": "SIGKILL",
-    "已杀死": "SIGKILL",
-}
-# lines that record the death of one process: when they are about the root's process they are
-# evidence of the root (its own dump, the supervisor's exit fact, EngineCore's report), not consequences
-_DEATH_EVIDENCE = frozenset(
-    {
-        "fatal-python-error",
-        "native-crash-dump",
-        "process-killed-by-signal",
-        "process-exited",
-        "coredump-dumped",
-        "coredump-frame-umd",
-        "worker-died-unexpectedly",
-        "worker-died-v0",
-        "ray-worker-died",
-        "kernel-oom-killed",
-    }
-)
-_UNPREFIXED_DUMPS = frozenset({"fatal-python-error", "native-crash-dump"})
-# crash dumps a signal handler writes straight to stderr: never under a logger's INFO/WARNING
-# header (such a line reports an earlier crash, it is not one)
-# the signals a launcher ends a tree with (a shell's "Killed", docker's exit 137/143, a stop timeout)
-_STOP_KILLS = frozenset({"SIGKILL", "SIGTERM"})
-# causes a consequence line's quoted error cannot give it: they name no failure of their own
-_UNQUOTABLE_CAUSES = frozenset({None, "engine-hang", "startup-hang", "process-crash", "unknown"})
-_SIGNAL_DUMPS = frozenset(
-    {
-        "fatal-python-error",
-        "failure-signal-handler",
-        "native-crash-dump",
-        "ucx-caught-signal",
-        "openmpi-signal",
-    }
-)
+_KEPT_ROLES = frozenset({"root", "precursor", "consequence"})  # roles kept as evidence
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL"})  # levels vLLM logs tracebacks at (logger.exception)
 # the most recent Python frame of a crash dump inside a collective library's binding (vLLM's
@@ -164,9 +89,6 @@ _COLLECTIVE_FRAME_RE = re.compile(
 # "Fatal Python error" prints Python frames, read by _crash_frame), and how many lines after the
 # dump header its first frame may come (UCX prints a few header lines first; Open MPI's frames
 # may be interleaved with the program's own stdout)
-_NATIVE_DUMPS = frozenset(
-    {"native-crash-dump", "failure-signal-handler", "ucx-caught-signal", "openmpi-signal"}
-)
 _NATIVE_WINDOW = 20
 # a native stack frame line of a crash dump: glibc backtrace_symbols / Open MPI
 # ("lib.so.0(sym+0x1d)[0x7f..]", opal/util/stacktrace.c), abseil/glog ("@ 0x7f.. sym"), gdb/LLVM
@@ -242,144 +164,10 @@ def _indented(line: str) -> bool:
     return line[:1] in (" ", "\t") or (line[:1].isdigit() and "Z  " in line[:40])
 
 
-def death_signal(ev: Event) -> str | None:
-    """The signal a death record names, as "SIGSEGV"..., or None: the supervisor's exit fact
-    (`extra["signal"]`), a crash dump's signal text ("Segmentation fault"), a negative exit code."""
-    for k in ("signal", "signame"):
-        v = ev.extra.get(k)
-        if isinstance(v, str) and v:
-            if v.upper().startswith("SIG"):
-                return v.upper()
-            got = _SIGNAME.get(v.strip().lower())
-            if got:
-                return got
-    code = ev.extra.get("exit_code")
-    if code is not None:
-        return _EXIT_SIG.get(str(code))
-    num = ev.extra.get("signum")  # a signal number (systemd's "status=11/SEGV")
-    if num is not None and str(num).isdigit():
-        try:
-            return signal.Signals(int(str(num))).name
-        except ValueError:
-            return None
-    status = ev.extra.get("exit_status")  # a shell/launcher exit status 128+N: killed by signal N
-    if status is not None and str(status).isdigit() and 128 < int(str(status)) < 160:
-        try:
-            return signal.Signals(int(str(status)) - 128).name
-        except ValueError:
-            return None
-    return None
-
-
-def normalize_process(name: str | None, rank: int | None = None) -> str | None:
-    """vLLM process name as the verdict contract spells it: "EngineCore" for "EngineCore_DP0",
-    "Worker_TP<rank>" for "Worker"/"VllmWorker-<n>" when the rank is known, "APIServer"..."""
-    if not name:
-        return None
-    if name.startswith("EngineCore"):
-        return "EngineCore"
-    m = _WORKER_RE.search(name)
-    if m:
-        return f"Worker_TP{m.group(1)}"
-    if name.startswith(("VLLM::Worker", "Worker", "VllmWorker", "RayWorker")):
-        return f"Worker_TP{rank}" if rank is not None else "Worker"
-    if name.startswith("VLLM::EngineCor"):
-        return "EngineCore"
-    return name
-
-
-def _order_of(ev: Event) -> int:
-    """The order in which the analysis read the event (0 when unknown)."""
-    o = ev.extra.get("_order", 0)
-    return o if isinstance(o, int) else 0
-
-
-def _tkey(ev: Event) -> tuple[int, int, int, int, int, int] | None:
-    t = ev.time
-    if t is None:
-        k = ev.extra.get("_tkey")
-        return k if isinstance(k, tuple) else None
-    if ev.source == "kernel" and "boot_s" in ev.extra and ev.time is None:
-        return None
-    return (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-
-
 _DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
 
 
-def _boot(ev: Event) -> float | None:
-    b = ev.extra.get("boot_s")
-    return float(b) if isinstance(b, (int, float)) and ev.time is None else None
-
-
-def _cmp_time(a: Event, b: Event) -> int:
-    """Order two events by time where their clocks are comparable, else by input order."""
-    ka, kb = _tkey(a), _tkey(b)
-    if ka is not None and kb is not None and ka != kb:
-        return -1 if ka < kb else 1
-    ba, bb = _boot(a), _boot(b)
-    if ba is not None and bb is not None and ba != bb:
-        return -1 if ba < bb else 1
-    oa, ob = int(a.extra.get("_order", 0)), int(b.extra.get("_order", 0))  # type: ignore[call-overload]
-    return (oa > ob) - (oa < ob)
-
-
-@dataclass
-class _Group:
-    sig: Signature
-    process: str | None
-    rank: int | None
-    pid: int | None
-    first: Event
-    count: int = 0
-
-
-@dataclass
-class Incident:
-    """The verdict: cause id, root event, consequences, timeline, hang facts, notes.
-
-    `summary` is one plain sentence without a final period (callers append "; bundle PATH"):
-    process, rank, pid, what happened (the signal when known), when, and how many lines followed.
-    `root["evidence"]` (also `root_evidence`) lists the other records of the root's own death
-    (its crash dump, the supervisor's exit fact, EngineCore's report, the next frames of its crash
-    stack): {signature, label, time, file, line, text}; they are not counted as consequences, and
-    the timeline marks them with role "evidence".
-
-    `to_contract()` gives the `--json` verdict contract of /work/shared/cases/README.md.
-    """
-
-    cause: str = "unknown"
-    summary: str = "Nothing in the input supports a verdict"
-    root: dict[str, Any] | None = None
-    consequences: list[dict[str, Any]] = field(default_factory=list)
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-    hang: dict[str, Any] | None = None
-    library: str | None = None
-    notes: list[str] = field(default_factory=list)
-    meaning: str = ""
-    advice: str = ""
-    root_label: str | None = None
-    root_evidence: list[dict[str, Any]] = field(default_factory=list)
-    consequence_groups: list[dict[str, Any]] = field(default_factory=list)
-    startup: dict[str, Any] | None = None
-    lines_read: int = 0
-    files: list[str] = field(default_factory=list)
-
-    def to_contract(self) -> dict[str, Any]:
-        """The JSON verdict: {cause, summary, root, consequences, timeline, hang, library, notes}."""
-        return {
-            "cause": self.cause,
-            "summary": self.summary,
-            "root": self.root,
-            "consequences": self.consequences,
-            "timeline": self.timeline,
-            "hang": self.hang,
-            "library": self.library,
-            "notes": self.notes,
-        }
-
-
-class Analyzer:
+class Analyzer(VerdictMixin):
     """Streaming analysis of lines and facts; memory bounded by the number of signatures.
 
     Use: `feed_line(line, file, lineno)` for every line (vLLM output, oneCCL, kernel records in
@@ -390,16 +178,14 @@ class Analyzer:
     """
 
     def __init__(self, table: SignatureTable | None = None) -> None:
-        self.table = table or load_table()
-        self.lines = 0
+        super().__init__(table)
         self._order = 0
         self._lineno: dict[str, int] = {}
-        self._files: list[str] = []
-        self._last_t: dict[str, tuple[int, ...]] = {}
-        self._tb: dict[tuple[str, int | None], list[int]] = {}  # stream -> [state, group]
+        self.tracker = TracebackTracker()
+        self._tb = self.tracker.streams  # stream -> open traceback (read by the feeding loops)
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
-        self._tb_last_frame: dict[int, str] = {}  # traceback group -> its latest `File ...` frame line
+        self._tb_last_frame = self.tracker.last_frame  # traceback group -> its latest frame line
         self._last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
@@ -409,21 +195,6 @@ class Analyzer:
         # lines take the slow path (see _native_frame); empty in a log without a crash dump
         self._frame_until: dict[str, int] = {}
         self._native_seen: set[tuple[tuple[str, int | None], int]] = set()  # dumps whose first frame was read
-        self.pid_rank: dict[int, int] = {}
-        self.pid_name: dict[int, str] = {}
-        self.world_size: int | None = None
-        self.roots: dict[str, list[Event]] = {}
-        self.root_counts: dict[str, int] = {}
-        self.precursors: dict[str, list[Event]] = {}
-        self.precursor_counts: dict[str, int] = {}
-        self.groups: dict[tuple[str, str | None, int | None], _Group] = {}
-        self.milestones: dict[str, dict[str, Any]] = {}
-        self.ready = False
-        # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
-        self.last_progress: Any = None
-        self.last_stats: Any = None
-        self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
-        self.facts_hang: Event | None = None
         # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
         # below), belongs to an open traceback, or continues a kernel record
         self._ac: Any = self.table.trigger_automaton(
@@ -432,13 +203,8 @@ class Analyzer:
             ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^"),
             skip_roles=("context",),
         )
-        self._stats_sig = self.table.by_id.get("stats-line")
-        # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
-        self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
+        self._stats_sig = self.table.by_id.get(self._row["stats_line"])
         self._prefix_seen: dict[str, int | None] = {}
-        self._last_line: dict[str, str] = {}
-        self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
-        self._tb_check = 0
         # (text, pid, time) of classified lines -> {file: times seen}: the same line read from two
         # files of one incident (a bundle's vllm.log and its per-process copies) counts once
         self._seen: dict[tuple[str, int | None, str | None], dict[str, int]] = {}
@@ -447,14 +213,9 @@ class Analyzer:
         # on when several files of one incident are fed (diagnose_files with 2+ paths); a single
         # stream (the live log) has no copies and skips the bookkeeping (about 10% of the time)
         self.dedup = False
-        # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
-        # incident): the state of the last failed incarnation before the latest restart
-        self._earlier: Analyzer | None = None
-        self._restart_at: tuple[str, int] | None = None
         # the restart line's own time (month, day, h, m, s, us) when it has one: kernel records
         # read from another file (dmesg -T, ISO stamps) are placed before or after it by theirs
         self._restart_key: tuple[int, int, int, int, int, int] | None = None
-        self.restarts = 0
 
     def is_fatal(self, event: Event) -> bool:
         """True when vLLM is dead or exiting after this classified line (rows with `fatal: true`:
@@ -573,8 +334,7 @@ class Analyzer:
         ac_find = self._ac.find_matches_as_indexes if self._ac is not None and hits is None else None
         use_hits = hits is not None
         hitset = hits or set()
-        stats_sig = self._stats_sig
-        stats_search = stats_sig.pattern.search if stats_sig is not None else None
+        stats_search = self._stats_sig.pattern.search if self._stats_sig is not None else None
         last_line = self._last_line
         pid_last_raw = self.pid_last_raw
         prefix_seen = self._prefix_seen
@@ -645,34 +405,6 @@ class Analyzer:
         elif running > 0 and self.stall_stats is None:
             self.stall_stats = ref
 
-    def _ref_event(self, ref: Any) -> Event | None:
-        if ref is None or isinstance(ref, Event):
-            return ref
-        line, file, lineno = ref
-        ev = parse_line(line, file, lineno)
-        ev.signature, ev.role = "stats-line", "progress"
-        ev.extra["_order"] = 0
-        t = ev.time
-        if t is not None:
-            ev.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-        return ev
-
-    def _learn_pid(self, ev: Event) -> None:
-        pid, name = ev.pid, ev.process
-        if pid is None or ev.source not in ("vllm", "ccl"):
-            return
-        if name:
-            if pid not in self.pid_name:
-                self.pid_name[pid] = name
-            if name[-1].isdigit() and "_TP" in name:
-                m = _WORKER_RE.search(name)
-                if m:
-                    self.pid_rank.setdefault(pid, int(m.group(1)))
-        if ev.rank is not None:
-            self.pid_rank.setdefault(pid, ev.rank)
-        elif pid in self.pid_rank:
-            ev.rank = self.pid_rank[pid]
-
     def add_event(self, event: Event) -> None:
         """Add a fact (process exit, hang, health, start-up stall: `xpu_serve.facts`) or an
         already-parsed kernel record. Classified with the same table as lines."""
@@ -684,148 +416,78 @@ class Analyzer:
     def _ingest(self, ev: Event, file: str, lineno: int, fact: bool = False) -> Event | None:
         self._order += 1
         ev.extra["_order"] = self._order
-        text = ev.text
-        src = ev.source
         if self._crash_wait:
-            if text.lstrip().startswith('File "'):
-                if file in self._frame_until and _FILE_NATIVE_FRAME_RE.match(text):
-                    self._native_frame(ev, file, lineno)
-                else:
-                    self._crash_frame(ev, file, lineno, self._last_line.get(file))
-            elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
-                self._native_frame(ev, file, lineno)
-        # time carried forward per file for lines without their own stamp (ordering only)
-        t = ev.time
-        if t is not None:
-            if not (src == "kernel" and "boot_s" in ev.extra):
-                self._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-        else:
-            prev = self._last_line.pop(file, None)
-            if prev is not None:
-                pe = parse_line(prev)
-                pt = pe.time
-                if pt is not None and not (pe.source == "kernel" and "boot_s" in pe.extra):
-                    self._last_t[file] = (pt.month, pt.day, pt.hour, pt.minute, pt.second, pt.microsecond)
-            if file in self._last_t:
-                ev.extra["_tkey"] = self._last_t[file]
-        # kernel continuation lines (wrapped pastes, multi-line records)
-        if src == "text" and text[:1] in (" ", "\t") and file in self._last_kernel:
-            kl, kev = self._last_kernel[file]
-            if kl == lineno - 1 and "Traceback" not in text:
-                self._last_kernel[file] = (lineno, kev)
-                kev.text = kev.text.rstrip() + " " + text.strip()
-                kernel_message_info(kev)
-                if kev.signature is None:
-                    self._classify(kev, False, file, lineno)
-                return None
-        if src == "kernel":
+            self._dump_frame(ev, file, lineno)
+        self._carry_time(ev, file)
+        if self._kernel_continuation(ev, file, lineno):
+            return None
+        if ev.source == "kernel":
             self._last_kernel[file] = (lineno, ev)
-        pid = ev.pid
         self._learn_pid(ev)
-        if self._tb:
-            self._tb_check += 1
-            if self._tb_check >= 256:  # close tracebacks whose stream went quiet (bounded work)
-                self._tb_check = 0
-                for k in [k for k, v in self._tb.items() if self._order - v[2] > 512]:
-                    del self._tb[k]
-        # Python tracebacks, per stream
+        self.tracker.expire(self._order)
         in_tb = False
-        group = None
-        if src in ("vllm", "text"):
-            key = (file, pid)
-            st = self._tb.get(key)
-            if text.startswith("Traceback (most recent call last)") or (
-                "Traceback (most recent call last)" in text and text.rstrip().endswith(":")
-            ):
-                if st is None or st[0] != 3:
-                    st = [1, self._order, self._order]
-                else:
-                    st[0] = 1
-                self._tb[key] = st
-                group = st[1]
-            elif st is None and (ls := text.lstrip())[:1] in ("F", "^", "~"):
-                if ls.startswith('File "') and ", line " in text:
-                    # a paste that starts inside a traceback (its header cut off): frames open one
-                    self._tb[key] = [2, self._order, self._order]
-                    group = self._order
-                elif "^" in ls and not ls.rstrip().strip("^~"):
-                    # ... or starts at the caret marks under a frame's source line (Python 3.11+
-                    # prints them only in tracebacks): the exception line follows
-                    self._tb[key] = [1, self._order, self._order]
-                    group = self._order
-            elif (
-                st is None
-                and _EXC_LINE_RE.match(text)
-                and (self._after_carets(pid, file) or (src == "vllm" and ev.level in _TB_LEVELS))
-            ):
-                # the exception line right under caret marks that took the fast path (a paste
-                # that starts at the end of a traceback): it is the traceback's exception line.
-                # Also an ERROR record of a vLLM logger whose message *is* an exception line: vLLM
-                # logs a traceback line by line with the same prefix (logger.exception in
-                # vllm/v1/engine/core.py run_engine_core, multiproc_executor.py worker_busy_loop)
-                # and never words a message of its own as "SomeError: ..."; a paste that kept only
-                # that line lost the traceback's head, not its meaning
-                self._tb[key] = [3, self._order, self._order]
-                group = self._order
-                in_tb = True
-            elif st is not None:
-                st[2] = self._order
-                s0 = st[0]
-                stripped = text.strip()
-                if s0 == 2:
-                    # the source line under a frame: code, never evidence
-                    # (`raise RuntimeError(f"NCCL error: ...")` is not the error)
-                    st[0] = 1
-                    group = st[1]
-                    if not _EXC_LINE_RE.match(stripped):
-                        if "mq.dequeue(" in stripped:
-                            # ... except the EngineCore's wait on its workers' response queue
-                            # (signatures.yaml worker-response-dequeue-frame): on the stack only
-                            # when the exception came from inside the wait, it is the trace of a
-                            # hang in an excerpt cut before the exception line. Kept out of the
-                            # traceback group so it never subsumes the exception line's own verdict.
-                            ev.text = stripped
-                            return ev if self._classify(ev, False, file, lineno) is not None else None
-                        return None
-                    if text[:1] in (" ", "\t"):
-                        ev.text = stripped  # a traceback quoted with an indent (a report's list)
-                elif s0 == 1:
-                    group = st[1]
-                    if stripped.startswith("File "):
-                        st[0] = 2
-                        lf = self._tb_last_frame
-                        lf[group] = stripped
-                        if len(lf) > 4096:
-                            del lf[next(iter(lf))]
-                    elif not stripped or stripped.startswith(("^", "~")):
-                        pass
-                    elif stripped.startswith(("During handling", "The above exception")):
-                        pass
-                    elif _EXC_LINE_RE.match(stripped):
-                        in_tb = True
-                        st[0] = 3
-                        if text[:1] in (" ", "\t"):
-                            # the exception line of a traceback quoted with an indent (a report
-                            # that indents the whole paste): classified as Python printed it
-                            ev.text = stripped
-                    elif text[:1] in (" ", "\t"):
-                        return None  # indented source line of a frame
-                    else:
-                        # not a traceback line: the traceback was cut off (or its exception line
-                        # has an unusual shape); classify it as the exception line, then close
-                        in_tb = True
-                        del self._tb[key]
-                elif s0 == 3:
-                    if not stripped or stripped.startswith(("During handling", "The above exception")):
-                        group = st[1]
-                    else:
-                        del self._tb[key]
-            if group is not None:
-                ev.group = group
+        if ev.source in ("vllm", "text"):
+            pid = ev.pid
+            got = self.tracker.read(
+                ev,
+                (file, pid),
+                self._order,
+                lambda: self._after_carets(pid, file) or (ev.source == "vllm" and ev.level in _TB_LEVELS),
+            )
+            if got.step is Step.SKIP:
+                return None
+            if got.step is Step.WAIT_FRAME:
+                return ev if self._classify(ev, False, file, lineno) is not None else None
+            in_tb = got.in_tb
+            if got.group is not None:
+                ev.group = got.group
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None
         return ev
+
+    def _dump_frame(self, ev: Event, file: str, lineno: int) -> None:
+        """A frame line while a crash dump waits for its first frame (Python or native)."""
+        text = ev.text
+        if text.lstrip().startswith('File "'):
+            if file in self._frame_until and _FILE_NATIVE_FRAME_RE.match(text):
+                self._native_frame(ev, file, lineno)
+            else:
+                self._crash_frame(ev, file, lineno, self._last_line.get(file))
+        elif file in self._frame_until and _NATIVE_FRAME_RE.search(text):
+            self._native_frame(ev, file, lineno)
+
+    def _carry_time(self, ev: Event, file: str) -> None:
+        """Time carried forward per file for lines without their own stamp (ordering only)."""
+        t = ev.time
+        if t is not None:
+            if not (ev.source == "kernel" and "boot_s" in ev.extra):
+                self._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+            return
+        prev = self._last_line.pop(file, None)
+        if prev is not None:
+            pe = parse_line(prev)
+            pt = pe.time
+            if pt is not None and not (pe.source == "kernel" and "boot_s" in pe.extra):
+                self._last_t[file] = (pt.month, pt.day, pt.hour, pt.minute, pt.second, pt.microsecond)
+        if file in self._last_t:
+            ev.extra["_tkey"] = self._last_t[file]
+
+    def _kernel_continuation(self, ev: Event, file: str, lineno: int) -> bool:
+        """True when the line continues the kernel record of the previous line (a wrapped paste,
+        a multi-line record): appended to it, which is classified again when still unknown."""
+        text = ev.text
+        if not (ev.source == "text" and text[:1] in (" ", "\t") and file in self._last_kernel):
+            return False
+        kl, kev = self._last_kernel[file]
+        if kl != lineno - 1 or "Traceback" in text:
+            return False
+        self._last_kernel[file] = (lineno, kev)
+        kev.text = kev.text.rstrip() + " " + text.strip()
+        kernel_message_info(kev)
+        if kev.signature is None:
+            self._classify(kev, False, file, lineno)
+        return True
 
     def _quoted_root(
         self, ev: Event, start: int, in_tb: bool
@@ -838,11 +500,46 @@ class Analyzer:
         if len(rest) < 8:
             return None
         m = self.table.match(dataclasses.replace(ev, text=rest), in_tb)
-        if m is None or m[0].role != "root" or m[0].cause in _UNQUOTABLE_CAUSES or m[0].id == "python-exception":
+        if m is None or m[0].role != "root" or m[0].cause in self.rules.unquotable_causes or m[0].id == self._row["generic_exception"]:
             return None
         return m
 
     def _classify(self, ev: Event, in_tb: bool, file: str, lineno: int) -> Signature | None:
+        """Match the line against the table and keep it by its row's role; None when no row
+        matched or the match is not evidence (a client's text, code, a request's rejection)."""
+        m = self._match(ev, in_tb, file, lineno)
+        if m is None:
+            return None
+        sig, gd = m
+        role = sig.role
+        if ev.group is not None and sig.id != self._row["generic_exception"] and role in _KEPT_ROLES:
+            self._subsume_generic(ev.group)
+        if role == "progress":
+            if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
+                self._split_incarnation(file, lineno, _tkey(ev))
+            self._progress(ev, sig, gd)
+            return sig
+        if role == "context":
+            if sig.phase == "serving":
+                self.ready = True
+            return sig
+        if ev.text.lstrip().startswith("what():"):
+            self._what_line(ev, file, lineno, sig)
+        if role == "root":
+            self._root(ev, sig, file, lineno)
+        elif role == "precursor":
+            self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
+            lst = self.precursors.setdefault(sig.id, [])
+            if len(lst) < MAX_PER_SIGNATURE:
+                lst.append(ev)
+            elif sig.id in self._set["keep_latest"] or sig.cause == "startup-hang":
+                lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
+        else:
+            self._add_consequence(ev, sig)
+        return sig
+
+    def _match(self, ev: Event, in_tb: bool, file: str, lineno: int) -> tuple[Signature, dict[str, Any]] | None:
+        """The row matching the line (or the root it quotes), its groups copied to the event."""
         if _USER_TEXT_RE.match(ev.text):
             # a request's own text (uvicorn's access line with the path and query, vLLM's request
             # log with the prompt): anyone who reaches the port writes it, so it is never evidence
@@ -863,17 +560,18 @@ class Analyzer:
             if quoted is not None:
                 ev.extra["quoted_by"] = sig.id
                 sig, mt = quoted
-        if sig.id in _SIGNAL_DUMPS and ev.level in _QUIET_LEVELS:
+        if sig.id in self._set["signal_dumps"] and ev.level in _QUIET_LEVELS:
             return None
-        if sig.id == "python-exception" and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
+        generic = sig.id == self._row["generic_exception"]
+        if generic and _REQUEST_HANDLER_LOC_RE.match(ev.code_location or ""):
             # logged by an OpenAI request handler (vllm/entrypoints/openai/serving_*.py: "Error in
             # preprocessing prompt inputs" ...): one request was rejected with an HTTP error and
             # the server went on; not a failure of any process
             return None
-        if self.dedup and sig.role in ("root", "precursor", "consequence") and self._duplicate(ev, file):
+        if self.dedup and sig.role in _KEPT_ROLES and self._duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
-        if sig.id == "python-exception" and ev.group is not None:
+        if generic and ev.group is not None:
             frame = self._tb_last_frame.get(ev.group)
             if frame is not None and _CONFIG_FRAME_RE.search(frame):
                 # raised while vLLM parsed its command line or checked its configuration
@@ -885,76 +583,49 @@ class Analyzer:
                 ev.extra[k] = v
         if ev.rank is None and gd.get("rank"):
             ev.rank = int(gd["rank"])
-        role = sig.role
-        if (
-            ev.group is not None
-            and sig.id != "python-exception"
-            and role in ("root", "consequence", "precursor")
-        ):
-            gs = self._group_specific
-            gs[ev.group] = None
-            if len(gs) > 4096:
-                del gs[next(iter(gs))]
-            for pe in self._pyexc_by_group.get(ev.group, ()):
-                pe.extra["subsumed"] = True
-        if role == "progress":
-            if sig.phase in ("args", "api") and self._is_restart(ev, sig, file):
-                self._split_incarnation(file, lineno, _tkey(ev))
-            self._progress(ev, sig, gd)
-            return sig
-        if role == "context":
-            if sig.phase == "serving":
-                self.ready = True
-            return sig
-        if ev.text.lstrip().startswith("what():"):
-            self._what_line(ev, file, lineno, sig)
-        if role == "root":
-            if sig.id == "cxx-terminate":
-                self._last_terminate[file] = (lineno, ev)
-            elif sig.id == "coredump-dumped":
-                self._last_coredump[file] = (lineno, ev)
-            elif sig.id == "coredump-frame-umd":
-                cd = self._last_coredump.get(file)
-                if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
-                    ev.pid = int(str(cd[1].extra.get("pid")))
-                    ev.process = str(cd[1].extra.get("comm") or "") or None
-            if sig.id == "hang-watchdog":
-                self.facts_hang = ev
-            elif sig.id in _SIGNAL_DUMPS:
-                cw = self._crash_wait.get((file, ev.pid))
-                if cw is None or lineno - cw[0] > 60:
-                    cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
-                cw[1].append(ev)
-                if sig.id in _NATIVE_DUMPS:
-                    self._frame_until[file] = lineno + _NATIVE_WINDOW
-            if self._before_restart(ev, file):
-                # a kernel record from another file, stamped before the last restart: it belongs
-                # to the earlier incarnation (a kernel log read after the vLLM log)
-                assert self._earlier is not None
-                self._earlier._keep_root(sig.id, ev)
-                return sig
-            self._keep_root(sig.id, ev)
-            if sig.id == "python-exception" and ev.group is not None:
-                if ev.group in self._group_specific:
-                    ev.extra["subsumed"] = True
-                self._pyexc_by_group.setdefault(ev.group, []).append(ev)
-        elif role == "precursor":
-            self.precursor_counts[sig.id] = self.precursor_counts.get(sig.id, 0) + 1
-            lst = self.precursors.setdefault(sig.id, [])
-            if len(lst) < MAX_PER_SIGNATURE:
-                lst.append(ev)
-            elif sig.id == "shm-broadcast-wait" or sig.cause == "startup-hang":
-                lst[-1] = ev  # the last wait tells whether start-up moved on after the waits
-        else:
-            self._add_consequence(ev, sig)
-        return sig
+        return sig, gd
 
-    def _keep_root(self, sid: str, ev: Event) -> None:
-        """Count a root candidate and keep it (the first MAX_PER_SIGNATURE of its signature)."""
-        self.root_counts[sid] = self.root_counts.get(sid, 0) + 1
-        lst = self.roots.setdefault(sid, [])
-        if len(lst) < MAX_PER_SIGNATURE:
-            lst.append(ev)
+    def _subsume_generic(self, group: int) -> None:
+        """A specific row matched in traceback `group`: its generic exception line is subsumed."""
+        gs = self._group_specific
+        gs[group] = None
+        if len(gs) > 4096:
+            del gs[next(iter(gs))]
+        for pe in self._pyexc_by_group.get(group, ()):
+            pe.extra["subsumed"] = True
+
+    def _root(self, ev: Event, sig: Signature, file: str, lineno: int) -> None:
+        """Keep a root candidate; remember what later lines complete (a terminate's what(), a
+        core dump's frames, a crash dump's first frame)."""
+        if sig.id == self._row["uncaught_cxx"]:
+            self._last_terminate[file] = (lineno, ev)
+        elif sig.id == self._row["coredump"]:
+            self._last_coredump[file] = (lineno, ev)
+        elif sig.id == self._row["coredump_frame"]:
+            cd = self._last_coredump.get(file)
+            if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
+                ev.pid = int(str(cd[1].extra.get("pid")))
+                ev.process = str(cd[1].extra.get("comm") or "") or None
+        if sig.id == self._row["hang_fact"]:
+            self.facts_hang = ev
+        elif sig.id in self._set["signal_dumps"]:
+            cw = self._crash_wait.get((file, ev.pid))
+            if cw is None or lineno - cw[0] > 60:
+                cw = self._crash_wait[(file, ev.pid)] = (lineno, [])
+            cw[1].append(ev)
+            if sig.id in self._set["native_dumps"]:
+                self._frame_until[file] = lineno + _NATIVE_WINDOW
+        if self._before_restart(ev, file):
+            # a kernel record from another file, stamped before the last restart: it belongs
+            # to the earlier incarnation (a kernel log read after the vLLM log)
+            assert self._earlier is not None
+            self._earlier._keep_root(sig.id, ev)
+            return
+        self._keep_root(sig.id, ev)
+        if sig.id == self._row["generic_exception"] and ev.group is not None:
+            if ev.group in self._group_specific:
+                ev.extra["subsumed"] = True
+            self._pyexc_by_group.setdefault(ev.group, []).append(ev)
 
     def _before_restart(self, ev: Event, file: str) -> bool:
         """True for a kernel record read from another file than the one vLLM restarted in whose
@@ -1017,6 +688,9 @@ class Analyzer:
     _SHARED_STATE = frozenset(
         {
             "table",
+            "rules",
+            "_row",
+            "_set",
             "_ac",
             "_stats_sig",
             "_lineno",
@@ -1066,7 +740,7 @@ class Analyzer:
         self.last_progress = self.last_stats = self.stall_stats = None
         self.facts_hang = None
         self.world_size = None
-        self._tb_check = 0
+        self.tracker.check = 0
 
     def _crash_frame(self, ev: Event, file: str, lineno: int, prev: str | None) -> None:
         """The first Python frame of the crashing thread in a crash dump (faulthandler prints
@@ -1151,18 +825,7 @@ class Analyzer:
         if sig is not None and sig.role == "consequence" and tev.role == "root":
             tev.role = "consequence"
             tev.extra["teardown"] = True
-            self._add_consequence(tev, self.table.by_id["cxx-terminate"])
-
-    def _add_consequence(self, ev: Event, sig: Signature) -> None:
-        rank = ev.rank if ev.rank is not None else (self.pid_rank.get(ev.pid) if ev.pid is not None else None)
-        proc = normalize_process(ev.process or (self.pid_name.get(ev.pid) if ev.pid else None), rank)
-        key = (sig.id, proc, rank)
-        g = self.groups.get(key)
-        if g is None:
-            if len(self.groups) >= MAX_GROUPS:
-                return
-            g = self.groups[key] = _Group(sig, proc, rank, ev.pid, ev)
-        g.count += 1
+            self._add_consequence(tev, self.table.by_id[self._row["uncaught_cxx"]])
 
     def _progress(self, ev: Event, sig: Signature, gd: dict[str, Any]) -> None:
         phase = sig.phase
@@ -1203,441 +866,7 @@ class Analyzer:
             ms["pids"].add(ev.pid)
 
     # ------------------------------------------------------------------ analysis
-    def incident(self) -> Incident:
-        """Analyse everything fed so far; never raises on any input.
-
-        When the input holds several starts of vLLM (a restart after a failure), the verdict is
-        about the last incarnation and a note names the earlier incident; when the last
-        incarnation shows no failure, the verdict is the earlier incident's (with a note)."""
-        inc = self._incident()
-        prev = self._earlier
-        if prev is None or self._restart_at is None:
-            return inc
-        pinc = prev._incident()
-        file, line = self._restart_at
-        again = f"vLLM started again at {file} line {line}" + (
-            f" ({self.restarts} restarts in the input)" if self.restarts > 1 else ""
-        )
-        assumed = any("a stall is assumed" in n for n in inc.notes)
-        if inc.cause == "unknown" or (assumed and pinc.cause != "unknown"):
-            pinc.notes.append(f"{again} after this incident; the later start shows no failure")
-            pinc.lines_read, pinc.files = inc.lines_read, inc.files
-            return pinc
-        inc.notes.append(
-            f"an earlier incident in the input ({pinc.cause}: {pinc.summary}) was followed by a restart; "
-            f"{again}: this verdict is about the last start"
-        )
-        return inc
-
-    def _waits_after_startup_progress(self, waits: list[Event]) -> list[Event]:
-        """The engine's no-progress warnings (shm_broadcast's "No available shared memory broadcast
-        block found in 60 seconds"...) not followed by a later start-up milestone: a wait that start-up
-        then moved on from was long start-up work (graph capture, KV-cache profiling, torch.compile,
-        weight loading), not a stall. [] stays []; without milestones the list is returned as is."""
-        if not waits or not self.milestones:
-            return waits
-        last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
-        return [e for e in waits if _cmp_time(e, last_ms) >= 0]
-
-    def _drop_launcher_kills(self, cands: list[Event], demoted: list[Event]) -> list[Event]:
-        """Root candidates without the launcher reports (`launcher_report` rows: bash's "Killed", docker's
-        exit 137, systemd's status=9/KILL) of a SIGKILL or SIGTERM read after a vLLM process's own
-        death record (a worker or EngineCore reported dead): vLLM's shutdown of its tree, or the
-        launcher's stop timeout, ends in that kill; the earlier death is the root. Demoted ones go to
-        `demoted`."""
-        deaths = [
-            e
-            for e in cands
-            if e.cause == "process-crash" and not self.table.by_id[e.signature or ""].extra.get("launcher_report")
-        ]
-        if not deaths:
-            return cands
-        first = min(_order_of(e) for e in deaths)
-        keep = []
-        for e in cands:
-            row = self.table.by_id[e.signature or ""]
-            if row.extra.get("launcher_report") and death_signal(e) in _STOP_KILLS and _order_of(e) > first:
-                demoted.append(e)
-            else:
-                keep.append(e)
-        return keep
-
-    def _incident(self) -> Incident:
-        self.last_progress = self._ref_event(self.last_progress)
-        self.last_stats = self._ref_event(self.last_stats)
-        self.stall_stats = self._ref_event(self.stall_stats)
-        inc = Incident(lines_read=self.lines, files=list(self._files))
-        notes = inc.notes
-        # late pid->rank knowledge for ccl milestone pids
-        for ms in self.milestones.values():
-            for pid in list(ms["pids"]):
-                if pid in self.pid_rank:
-                    ms["ranks"].add(self.pid_rank[pid])
-        cands: list[Event] = []
-        demoted: list[Event] = []
-        for evs in self.roots.values():
-            for ev in evs:
-                if ev.role != "root":
-                    continue
-                if ev.signature == "python-exception" and ev.extra.get("subsumed"):
-                    demoted.append(ev)
-                    continue
-                cands.append(ev)
-        if "pg-watchdog-timeout" in self.roots or any(
-            g.sig.id == "pg-watchdog-terminated" for g in self.groups.values()
-        ):
-            # the ProcessGroup watchdog aborts its process (SIGABRT): that death follows the timeout
-            keep0 = []
-            for e in cands:
-                code = str(e.extra.get("exit_code") or "")
-                sig_name = str(e.extra.get("signame") or "")
-                if e.cause == "process-crash" and (code == "-6" or sig_name in ("SIGABRT", "Aborted")):
-                    demoted.append(e)
-                else:
-                    keep0.append(e)
-            cands = keep0
-        terminates = [e for e in cands if e.signature == "cxx-terminate" and e.cause != "process-crash"]
-        if terminates:
-            # std::terminate aborts the process (SIGABRT, libstdc++ __terminate -> abort): the shell's
-            # "Aborted (core dumped)" or an exit by SIGABRT read after the uncaught exception in the
-            # same file is that abort, not a separate crash
-            first_t = min(terminates, key=lambda e: _order_of(e))
-            keep_t = []
-            for e in cands:
-                if (
-                    e.cause == "process-crash"
-                    and death_signal(e) == "SIGABRT"
-                    and e.file == first_t.file
-                    and _order_of(e) > _order_of(first_t)
-                ):
-                    demoted.append(e)
-                else:
-                    keep_t.append(e)
-            cands = keep_t
-        cands = self._drop_launcher_kills(cands, demoted)
-        detections = [e for e in cands if e.cause == "engine-hang" and e.signature != "bare-timeout-error"]
-        if detections:
-            # vLLM's own hang detection (the execute-model RPC timeout) makes EngineCore raise and
-            # exit 1 and the API server kill the workers: the deaths the supervisor sees from that
-            # second on are consequences of the hang, not its cause
-            first_hang = min(detections, key=cmp_to_key(_cmp_time))
-            keep1 = []
-            for e in cands:
-                if (
-                    e.source == "process"
-                    and e.cause == "process-crash"
-                    and (self._before(first_hang, e) or self._same_second(first_hang, e))
-                ):
-                    demoted.append(e)
-                else:
-                    keep1.append(e)
-            cands = keep1
-        deaths = [e for e in cands if e.cause == "process-crash" and self._abnormal_death(e)]
-        first_death = min(deaths, key=cmp_to_key(_cmp_time)) if deaths else None
-        live = [e for e in deaths if e.source == "process"]
-        first_live = min(live, key=cmp_to_key(_cmp_time)) if live else None
-        kernel_gpu = [e for e in cands if e.cause == "gpu-fault" and e.source == "kernel"]
-        keep: list[Event] = []
-        for ev in cands:
-            if (
-                first_live is not None
-                and ev.source == "process"
-                and ev.cause == "process-crash"
-                and self._before(first_live, ev)
-                and not self._same_proc(first_live, ev)
-            ):
-                # the supervisor's own exit times (pidfd, microseconds) order the deaths of one
-                # tree: a later death of another process (a rank's SIGABRT in oneCCL finalize after
-                # a worker's exit 1) follows the first, whatever its weight
-                demoted.append(ev)
-                continue
-            if first_death is not None and ev.cause in (
-                "collective-failure",
-                "process-exception",
-                "device-lost",
-            ):
-                # after a process died, other processes' errors are consequences of it; within the
-                # same second too when the error is a generic exception of another process (vLLM's
-                # clock has 1 s resolution, the supervisor's facts are finer) unless it relays a
-                # worker's error ("Worker failed with error ...")
-                same_second = (
-                    ev.cause == "process-exception"
-                    and not _REFAISE_RE.search(ev.text)
-                    and self._same_second(first_death, ev)
-                    # a shell's or launcher's report of the death is printed after the process
-                    # ended: what was read before it in the same file happened before the death
-                    and not (
-                        first_death.source == "text"
-                        and ev.file == first_death.file
-                        and _order_of(ev) < _order_of(first_death)
-                    )
-                )
-                if (
-                    ev.source != "kernel"
-                    and (self._before(first_death, ev) or same_second)
-                    and not self._same_proc(first_death, ev)
-                ):
-                    demoted.append(ev)
-                    continue
-            keep.append(ev)
-        cands = keep
-
-        def rank_key(a: Event, b: Event) -> int:
-            wa = self.table.by_id[a.signature or ""].weight
-            wb = self.table.by_id[b.signature or ""].weight
-            if wa != wb:
-                return -1 if wa > wb else 1
-            c = _cmp_time(a, b)
-            if c:
-                return c
-            return (self._proc_pref(a) > self._proc_pref(b)) - (self._proc_pref(a) < self._proc_pref(b))
-
-        # same weight: among kernel records of the same kernel clock, the earliest wins;
-        # a worker's own record beats EngineCore's re-raise of it at the same time.
-        cands.sort(key=cmp_to_key(rank_key))
-        root = cands[0] if cands else None
-        if root is not None and root.cause == "device-lost" and kernel_gpu:
-            root = min(kernel_gpu, key=cmp_to_key(_cmp_time))
-        subject_ev = root
-        if root is not None and root.source == "kernel" and root.cause == "gpu-fault":
-            first = self._primary_gpu_fault(root, kernel_gpu)
-            if first is not None:
-                # the fault that started the burst is the root; the record naming the process (the
-                # timed-out job) still tells whose context it was
-                if first.pid is None and not first.extra.get("pid") and not first.process:
-                    subject_ev = root
-                else:
-                    subject_ev = first
-                root = first
-        if root is not None and root.cause == "gpu-fault" and any(c.cause == "device-lost" for c in cands):
-            notes.append("user space reported the device lost; the kernel's GPU fault record explains it")
-        cause = root.cause if root is not None else None
-        # hangs
-        hang_precursors = [
-            e
-            for sid, evs in self.precursors.items()
-            for e in evs
-            if self.table.by_id[sid].cause == "engine-hang" and sid != "bare-timeout-error"
-        ]
-        hang_precursors = self._waits_after_startup_progress(hang_precursors)
-        if root is None and self.ready:
-            lp = self.last_progress
-            late_waits = [e for e in hang_precursors if lp is None or _cmp_time(lp, e) < 0]
-            if self.stall_stats is not None or late_waits:
-                cause = "engine-hang"
-            hang_precursors = late_waits or hang_precursors
-        startup_info = self._startup_info()
-        # the API server waiting, again and again, for the engine core to come up
-        startup_waits = [
-            e
-            for sid, evs in self.precursors.items()
-            for e in evs
-            if self.table.by_id[sid].cause == "startup-hang"
-        ]
-        startup_waits.sort(key=cmp_to_key(_cmp_time))
-        n_waits = sum(
-            n for sid, n in self.precursor_counts.items() if self.table.by_id[sid].cause == "startup-hang"
-        )
-        if startup_waits and self.milestones:
-            # waits followed by a later start-up milestone were the ordinary wait of a start-up
-            # that then moved on (the front end polls while the engine loads): not a stall
-            last_ms = max((ms["last"] for ms in self.milestones.values()), key=cmp_to_key(_cmp_time))
-            if _cmp_time(startup_waits[-1], last_ms) < 0:
-                startup_waits, n_waits = [], 0
-        if not self.ready and cause is None and not self.milestones and n_waits >= 2:
-            cause = "startup-hang"
-        if (
-            root is None
-            and cause is None
-            and not self.ready
-            and not self.milestones
-            and len(hang_precursors) >= 2
-        ):
-            # only the engine's repeated no-progress warnings were pasted (no start-up line, no
-            # ready line): people paste those when a serving engine hangs; a stall during start-up
-            # shows its start-up lines (handled above as startup-hang)
-            cause = "engine-hang"
-        if not self.ready and cause in (None, "engine-hang") and self.milestones:
-            if cause == "engine-hang" or startup_info.get("missing_ranks") or hang_precursors or n_waits >= 2:
-                cause = "startup-hang"
-            elif (
-                not self.groups
-                and not demoted
-                and startup_info.get("last_milestone") not in _ENGINE_UP_PHASES
-            ):
-                # (once the engine reported itself initialised, the rest of start-up is the API
-                # server's few seconds: a log ending there was cut short, not evidence of a stall)
-                cause = "startup-hang"
-                notes.append(
-                    "the input ends during start-up without an error and without the ready line; no rank "
-                    "lags behind the others: a stall is assumed (or the log was cut short)"
-                )
-        if root is not None and root.signature == "startup-stall":
-            cause = "startup-hang"
-        if cause is None:
-            inc.cause = "unknown"
-            if self.milestones and not self.ready:
-                if self.groups or demoted:
-                    notes.append(
-                        "start-up failed (consequences are in the input) but the error that caused it is not"
-                    )
-                else:
-                    notes.append(
-                        f"the input ends during start-up (after {startup_info.get('last_milestone')}) without "
-                        "an error and without a stall"
-                    )
-            if self.lines == 0 and not self.roots:
-                notes.append("the input is empty")
-            inc.consequence_groups = self._consequence_groups(None, demoted)
-            inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
-            inc.timeline = self._timeline(None, demoted)
-            return inc
-        inc.cause = cause
-        # ---- root subject
-        if root is not None:
-            sig = self.table.by_id[root.signature or ""]
-            inc.root_label = sig.label
-            inc.meaning, inc.advice = sig.meaning, sig.advice
-            proc, rank, pid = self._subject(subject_ev or root, notes)
-            inc.root = self._contract_event(root, proc, rank, pid)
-            lib = root.extra.get("library")
-            if isinstance(lib, str) and cause in ("umd-segfault", "collective-failure", "process-crash"):
-                inc.library = lib
-        elif cause == "startup-hang":
-            sig = self.table.by_id["startup-stall"]
-            inc.meaning, inc.advice, inc.root_label = sig.meaning, sig.advice, sig.label
-        else:
-            sig = self.table.by_id["shm-broadcast-wait"]
-            inc.meaning = "The engine stopped making progress with requests in flight; no process died first."
-            inc.advice = "Take stacks of every worker (py-spy dump) before restarting; check the kernel log for GPU job timeouts."
-            inc.root_label = "no progress with requests in flight"
-        if root is not None and _boot(root) is not None and self._last_t:
-            notes.append(
-                "kernel times are seconds since boot and the input gives no boot time: the kernel "
-                "records could not be placed on the vLLM log's clock (order by meaning only)"
-            )
-        tl_root = root
-        if cause == "startup-hang":
-            inc.startup = startup_info
-            miss = startup_info.get("missing_ranks") or []
-            if root is None or root.signature != "startup-stall":
-                inc.root_label = "start-up stalled"
-                if miss:
-                    inc.meaning = (
-                        f"Start-up stopped: rank(s) {', '.join(map(str, miss))} never reached "
-                        f"{startup_info.get('missing_phase')} while the others did; nothing failed first."
-                    )
-                    inc.advice = (
-                        "Take stacks (py-spy dump) of the ranks that did not reach the phase; for ccl-init "
-                        "check oneCCL's transport (CCL_ATL_TRANSPORT, CCL_ZE_IPC_EXCHANGE) and the devices "
-                        "that rank sees (ZE_AFFINITY_MASK)."
-                    )
-                else:
-                    inc.meaning = (
-                        f"Start-up stopped after {startup_info.get('last_milestone')} without an error "
-                        f"and without reaching ready."
-                    )
-            if inc.root is None or (root is not None and root.cause != "startup-hang"):
-                inc.root, sr_ev = self._startup_root(startup_info, root)
-                if sr_ev is not None:
-                    tl_root = sr_ev
-                if inc.root is None and startup_waits:
-                    w = startup_waits[-1]
-                    p, r4, pd = self._subject(w, notes, link=False)
-                    inc.root = self._contract_event(w, p, r4, pd)
-                    tl_root = w
-                    inc.hang = self._hang(None, startup_waits, notes)
-                if root is not None:
-                    notes.append(
-                        f"{self.table.by_id[root.signature or ''].label} happened before the server was ready"
-                    )
-        if cause == "engine-hang" or (root is not None and root.cause in ("engine-hang", "startup-hang")):
-            inc.hang = self._hang(root, hang_precursors, notes)
-            if inc.root is None and cause == "engine-hang":
-                det = hang_precursors[-1] if hang_precursors else self.stall_stats
-                if det is not None:
-                    p, r, pd = self._subject(det, notes)
-                    inc.root = self._contract_event(det, p, r, pd)
-        evidence: list[Event] = []
-        if root is not None and inc.root is not None and cause not in ("engine-hang", "startup-hang"):
-            evidence = self._root_evidence(root, inc.root, cands + demoted)
-            inc.root_evidence = [
-                {
-                    "signature": e.signature,
-                    "label": self.table.by_id[e.signature or ""].label,
-                    "time": e.time_text,
-                    "file": e.file,
-                    "line": e.line,
-                    "text": e.text.strip()[:500],
-                }
-                for e in evidence
-            ]
-            inc.root["evidence"] = inc.root_evidence
-        ev_ids = {id(e) for e in evidence}
-        inc.consequence_groups = self._consequence_groups(root, demoted, ev_ids)
-        inc.consequences = [self._cons_contract(g) for g in inc.consequence_groups]
-        inc.timeline = self._timeline(tl_root, demoted, evidence)
-        inc.summary = self._summary(inc, root, evidence)
-        return inc
-
-    def _root_evidence(self, root: Event, subj: dict[str, Any], pool: list[Event]) -> list[Event]:
-        """Death records of the root's own process (its crash dump, the supervisor's exit fact,
-        EngineCore's report of its death), in time order: evidence of the root, not consequences.
-        A dump without a process prefix is linked by order (as for the root) and only one is taken,
-        so the teardown dumps of the surviving ranks stay consequences."""
-        proc, rank, pid = subj.get("process"), subj.get("rank"), subj.get("pid")
-        anonymous = proc is None and pid is None
-        root_sig = death_signal(root)
-        out: list[Event] = []
-        seen: set[int] = {id(root)}
-        unprefixed = 0
-        for ev in sorted(pool, key=cmp_to_key(_cmp_time)):
-            if id(ev) in seen or ev.signature not in _DEATH_EVIDENCE:
-                continue
-            seen.add(id(ev))
-            if (
-                ev.signature == root.signature
-                and ev.file is not None
-                and ev.file == root.file
-                and ev.line is not None
-                and root.line is not None
-                and 0 < ev.line - root.line <= 64
-                and ev.pid is None
-                and ev.process is None
-            ):
-                out.append(ev)  # the next frames of the root's own crash stack
-                continue
-            if anonymous:
-                continue
-            bare = ev.signature in _UNPREFIXED_DUMPS and ev.pid is None and ev.process is None
-            p, r, d = self._subject(ev, [], link=bare)
-            if d is not None and pid is not None and (ev.source == "kernel") == (root.source == "kernel"):
-                same = d == pid  # pids of one namespace (the kernel's, or the log's and the supervisor's)
-            else:
-                same = p is not None and p == proc and r == rank and (r is not None or p != "Worker")
-            if not same:
-                continue
-            if bare:
-                s2 = death_signal(ev)
-                if unprefixed or (root_sig and s2 and s2 != root_sig):
-                    continue
-                unprefixed += 1
-            out.append(ev)
-        return out
-
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _abnormal_death(ev: Event) -> bool:
-        """A death that explains what follows it: vLLM's reports and crash dumps, or a supervisor
-        fact of a death by a crash signal or a non-zero exit (not SIGTERM/exit 0 of shutdown)."""
-        if ev.source != "process":
-            return True
-        sig_name = str(ev.extra.get("signame") or ev.extra.get("signal") or "")
-        if sig_name:
-            return sig_name not in ("SIGTERM", "SIGINT", "SIGHUP")
-        code = ev.extra.get("exit_code")
-        return code not in (None, 0, "0")
-
     def _after_carets(self, pid: int | None, file: str) -> bool:
         """The previous line of this stream (same pid, else same file) ends in Python's caret marks
         ("    ^^^^^^^^", "~~~~^^^^"), i.e. it was the last frame's source pointer of a traceback."""
@@ -1648,557 +877,6 @@ class Analyzer:
             return False
         body = tail.rstrip("^~")
         return body == "" or body[-1] in " \t]"
-
-    def _primary_gpu_fault(self, root: Event, kernel_gpu: list[Event]) -> Event | None:
-        """The device's own fault record (page fault, CAT error, GuC load/init failure) that opened
-        the kernel burst `root` belongs to, when it comes before `root`; else None.
-
-        The xe driver reports a bad access first (xe_gt_pagefault.c "Fault response", "Engine memory
-        CAT error"), then bans the context and times the job out (xe_guc_submit.c "Timedout job"),
-        resets the engine or the GT and, when that fails, declares the device wedged; i915 reports
-        a GuC load failure before "declaring it wedged"; amdgpu reports the ring timeout
-        (amdgpu_job.c amdgpu_job_timedout) before its reset and "device wedged". The later records rank higher as root
-        candidates because they name the process; causally the first fault is the root."""
-        dev = _DRM_DEV_RE.match(root.text)
-        best: Event | None = None
-        for ev in kernel_gpu:
-            if ev is root or ev.signature not in self._burst_openers:
-                continue
-            d = _DRM_DEV_RE.match(ev.text)
-            if dev is not None and d is not None and d.group(1) != dev.group(1):
-                continue
-            if not self._same_burst(ev, root) or _cmp_time(ev, root) > 0:
-                continue
-            if _cmp_time(ev, root) == 0 and (ev.file != root.file or (ev.line or 0) >= (root.line or 0)):
-                continue
-            if (
-                best is None
-                or _cmp_time(ev, best) < 0
-                or (_cmp_time(ev, best) == 0 and ev.file == best.file and (ev.line or 0) < (best.line or 0))
-            ):
-                best = ev
-        return best
-
-    @staticmethod
-    def _same_burst(a: Event, b: Event) -> bool:
-        """Two kernel records of one incident: within 10 s on the kernel's clock, or (no clock)
-        within 50 lines of the same file."""
-        ba, bb = _boot(a), _boot(b)
-        if ba is not None and bb is not None:
-            return abs(ba - bb) <= 10.0
-        if a.time is not None and b.time is not None:
-            return abs((a.time - b.time).total_seconds()) <= 10.0
-        if ba is None and bb is None and a.time is None and b.time is None:
-            return a.file == b.file and abs((a.line or 0) - (b.line or 0)) <= 50
-        return False
-
-    def _same_second(self, a: Event, b: Event) -> bool:
-        ka, kb = _tkey(a), _tkey(b)
-        return ka is not None and kb is not None and ka[:5] == kb[:5]
-
-    def _before(self, a: Event, b: Event) -> bool:
-        ka, kb = _tkey(a), _tkey(b)
-        if ka is not None and kb is not None:
-            return ka < kb
-        return False
-
-    def _same_proc(self, death: Event, ev: Event) -> bool:
-        w = death.extra.get("worker")
-        if isinstance(w, str):
-            m = _WORKER_RE.search(w)
-            if m and ev.rank is not None and int(m.group(1)) == ev.rank:
-                return True
-        return death.pid is not None and death.pid == ev.pid
-
-    def _proc_pref(self, ev: Event) -> int:
-        name = ev.process or (self.pid_name.get(ev.pid) if ev.pid else None) or ""
-        if "Worker" in name:
-            return 0
-        if name.startswith("EngineCore"):
-            return 1
-        if name.startswith("APIServer"):
-            return 3
-        return 2
-
-    def _rank_pid(self, rank: int) -> int | None:
-        for p, r in self.pid_rank.items():
-            if r == rank:
-                return p
-        return None
-
-    def _died_reports(self) -> list[Event]:
-        out = []
-        for sid in (
-            "worker-died-unexpectedly",
-            "worker-died-v0",
-            "ray-worker-died",
-            "process-killed-by-signal",
-            "process-exited",
-        ):
-            out.extend(self.roots.get(sid, []))
-        out.sort(key=cmp_to_key(_cmp_time))
-        return out
-
-    def _first_live_death(self) -> Event | None:
-        """The earliest death by a crash signal the supervisor itself saw (pidfd exit time), or
-        None (offline input, or only exit codes)."""
-        live = [e for e in self.roots.get("process-killed-by-signal", []) if e.source == "process"]
-        live = [e for e in live if self._abnormal_death(e)]
-        return min(live, key=cmp_to_key(_cmp_time)) if live else None
-
-    def _died_rank(self) -> tuple[int | None, Event | None]:
-        for d in self._died_reports():
-            w = d.extra.get("worker") or d.extra.get("proc") or ""
-            m = _WORKER_RE.search(str(w))
-            if m:
-                return int(m.group(1)), d
-            if d.pid is not None and d.pid in self.pid_rank and d.signature != "worker-died-unexpectedly":
-                return self.pid_rank[d.pid], d
-        return None, None
-
-    def _subject(
-        self, ev: Event, notes: list[str], link: bool = True
-    ) -> tuple[str | None, int | None, int | None]:
-        """(process, rank, pid) the event is about, linking pids and names; `link` allows linking
-        by name and order (only for the root: a surviving rank's teardown dump is not the dead one)."""
-        r: int | None
-        sid = ev.signature
-        # vLLM's report of another process's death names that process
-        w = ev.extra.get("worker")
-        if isinstance(w, str) and sid in ("worker-died-unexpectedly", "worker-died-v0"):
-            m = _WORKER_RE.search(w)
-            if m:
-                r = int(m.group(1))
-                pid = self._rank_pid(r)
-                return f"Worker_TP{r}", r, pid
-            pid = int(ev.extra["pid"]) if ev.extra.get("pid") else None  # type: ignore[call-overload]
-            r2 = self.pid_rank.get(pid) if pid is not None else None
-            return normalize_process("Worker", r2), r2, pid
-        if sid == "ray-worker-died" and ev.extra.get("pid"):
-            # the raylet's report names the dead worker's pid inside its message
-            pid = int(str(ev.extra["pid"]))
-            r2 = self.pid_rank.get(pid)
-            return normalize_process(self.pid_name.get(pid, "RayWorker"), r2), r2, pid
-        if sid in (
-            "shell-job-signal",
-            "ucx-caught-signal",
-            "openmpi-signal",
-            "openmpi-transport-abort",
-            "hccl-error",
-        ) and ev.extra.get("pid"):
-            # bash's job report: "run.sh: line 12: 40211 Segmentation fault (core dumped) python ..."
-            pid = int(str(ev.extra["pid"]))
-            r3 = self.pid_rank.get(pid)
-            return normalize_process(self.pid_name.get(pid), r3), r3, pid
-        if sid in ("engine-core-died-unexpectedly", "engine-core-proc-failed"):
-            pid = next((p for p, n in self.pid_name.items() if n.startswith("EngineCore")), None)
-            return "EngineCore", None, pid
-        if sid in ("systemd-exit-signal", "exit-status-signal", "container-oom-killed"):
-            # a launcher (systemd, docker, a container platform) reports its child: the journal
-            # prefix's pid ("systemd[1]:") is the launcher's, not the dead process's
-            return None, None, None
-        if ev.source == "process" and ev.process:
-            return normalize_process(ev.process, ev.rank), ev.rank, ev.pid
-        pid = ev.pid
-        if ev.source == "kernel" or sid in ("coredump-dumped", "coredump-frame-umd"):
-            if pid is None and ev.extra.get("pid"):
-                pid = int(str(ev.extra["pid"]))
-            comm = ev.process or str(ev.extra.get("comm") or "")
-            if pid is not None and (pid in self.pid_rank or pid in self.pid_name):
-                rk = self.pid_rank.get(pid)
-                kname = normalize_process(self.pid_name.get(pid, comm), rk)
-                notes.append(f"kernel pid {pid} ({comm}) matches the logged pid of {kname}")
-                return kname, rk, pid
-            if link and not comm.startswith(("VLLM::EngineCor", "vllm")):
-                # any comm: worker threads carry other names ("pt_main_thread", "python3")
-                r, d = self._died_rank()
-                if r is not None:
-                    notes.append(
-                        f"kernel pid {pid} ({comm or 'unknown comm'}) matches no pid in the vLLM log (another pid "
-                        f"namespace, e.g. a container); linked to Worker_TP{r} by name and order: it is the worker "
-                        f"vLLM reported dead"
-                    )
-                    return f"Worker_TP{r}", r, pid
-                if pid is not None:
-                    notes.append(f"kernel pid {pid} ({comm}) could not be linked to a vLLM process")
-                return normalize_process(comm, None) if comm.startswith("VLLM::") else comm or None, None, pid
-            if comm.startswith("VLLM::EngineCor"):
-                return "EngineCore", None, pid
-            return comm or None, None, pid
-        rank = ev.rank if ev.rank is not None else (self.pid_rank.get(pid) if pid is not None else None)
-        name = ev.process or (self.pid_name.get(pid) if pid is not None else None)
-        if ev.source == "ccl" and name is None and pid is not None and rank is not None:
-            name = f"Worker_TP{rank}"
-        # EngineCore re-raising a worker's error names the worker
-        if link and _REFAISE_RE.search(ev.text) and (name or "").startswith("EngineCore"):
-            r, d = self._died_rank()
-            if r is not None:
-                notes.append(
-                    f"EngineCore re-raised a worker's error; linked to Worker_TP{r}, the worker vLLM reported dead"
-                )
-                return f"Worker_TP{r}", r, self._rank_pid(r)
-            notes.append("EngineCore re-raised a worker's error; the worker's rank is not in the input")
-            return "Worker", None, None
-        # unprefixed crash dumps: link to the reported dead worker by order
-        if (
-            link
-            and name is None
-            and sid
-            in (
-                "fatal-python-error",
-                "native-crash-dump",
-                "cxx-terminate",
-                "coredump-frame-umd",
-                "python-exception",
-            )
-        ):
-            live = self._first_live_death()
-            if live is not None and live.process and death_signal(live) == death_signal(ev):
-                notes.append(
-                    f"the crash dump carries no process prefix; linked to {live.process}: the first "
-                    f"process the supervisor saw die, by the same signal"
-                )
-                return live.process, live.rank, live.pid
-            r, d = self._died_rank()
-            if r is not None:
-                notes.append(
-                    f"the crash dump carries no process prefix; linked to Worker_TP{r} by order: "
-                    f"vLLM reported that worker dead right after"
-                )
-                return f"Worker_TP{r}", r, self._rank_pid(r)
-            notes.append("the crash dump carries no process prefix; the process could not be named")
-            return None, None, pid
-        return normalize_process(name, rank), rank, pid
-
-    def _contract_event(
-        self, ev: Event, proc: str | None, rank: int | None, pid: int | None
-    ) -> dict[str, Any]:
-        return {
-            "source": ev.source
-            if ev.source in ("vllm", "ccl", "kernel", "process", "health")
-            else ("health" if ev.source == "supervisor" else "vllm"),
-            "process": proc,
-            "rank": rank,
-            "pid": pid,
-            "time": ev.time_text,
-            "file": ev.file,
-            "line": ev.line,
-            "text": ev.text.strip()[:2000],
-        }
-
-    def _startup_info(self) -> dict[str, Any]:
-        if not self.milestones:
-            return {}
-        order = {p: i for i, p in enumerate(PHASES)}
-        reached = sorted(self.milestones, key=lambda p: order.get(p, -1))
-        last = reached[-1]
-        expected: set[int] = set(range(self.world_size)) if self.world_size else set()
-        for ms in self.milestones.values():
-            expected |= ms["ranks"]
-        missing: list[int] = []
-        phase_for_missing = None
-        for p in reversed(reached):
-            ms = self.milestones[p]
-            if ms["per_rank"] and expected:
-                miss = sorted(expected - ms["ranks"])
-                if miss:
-                    missing, phase_for_missing = miss, p
-                break
-        return {
-            "last_milestone": last,
-            "last_milestone_event": self.milestones[last]["last"],
-            "missing_ranks": missing,
-            "missing_phase": phase_for_missing,
-            "world_size": self.world_size,
-        }
-
-    def _startup_root(
-        self, info: dict[str, Any], root: Event | None
-    ) -> tuple[dict[str, Any] | None, Event | None]:
-        """The start-up stall's subject: the first rank that did not reach the last per-rank
-        milestone (its last line), else the stall's own root, else the last milestone."""
-        missing = info.get("missing_ranks") or []
-        if missing:
-            r = missing[0]
-            pid = self._rank_pid(r)
-            raw = self.pid_last_raw.get(pid) if pid is not None else None
-            if raw is not None:
-                last = parse_line(raw[0], raw[1], raw[2])
-                last.extra["_order"] = 0
-                if last.time is not None:
-                    t = last.time
-                    last.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
-                return self._contract_event(last, f"Worker_TP{r}", r, pid), last
-            ev = info.get("last_milestone_event")
-            return (self._contract_event(ev, f"Worker_TP{r}", r, pid) if ev else None), None
-        if root is not None:
-            p, r2, pd = self._subject(root, [], link=False)
-            return self._contract_event(root, p, r2, pd), root
-        ev = info.get("last_milestone_event")
-        if ev is None:
-            return None, None
-        p, r3, pd = self._subject(ev, [], link=False)
-        return self._contract_event(ev, p, r3, pd), ev
-
-    def _hang(self, root: Event | None, precursors: list[Event], notes: list[str]) -> dict[str, Any]:
-        last = self.last_progress
-        lp = None
-        if self.facts_hang is not None and self.facts_hang.extra.get("last_progress"):
-            lp = str(self.facts_hang.extra["last_progress"])
-        if lp is None and last is not None:
-            lp = last.time_text
-        det = root if root is not None and root.cause in ("engine-hang", "startup-hang") else None
-        if det is None and precursors:
-            det = precursors[-1]
-        detected_by = None
-        if det is not None:
-            sig = self.table.by_id[det.signature or ""]
-            detected_by = (
-                (det.extra.get("detected_by") if det.source == "health" else None)
-                or sig.detected_by
-                or sig.label
-            )
-        out: dict[str, Any] = {
-            "last_progress": lp,
-            "detected_at": det.time_text if det is not None else None,
-            "detected_by": detected_by,
-        }
-        if last is not None and det is not None and last.time and det.time and det.source == last.source:
-            delay = (det.time - last.time).total_seconds()
-            if delay >= 0:
-                out["delay_s"] = delay
-        elif lp is None:
-            notes.append(
-                "no progress line (stats with non-zero throughput) in the input: last progress unknown"
-            )
-        if self.stall_stats is not None:
-            out["no_progress_since"] = self.stall_stats.time_text
-        first_wait = self.precursors.get("shm-broadcast-wait")
-        if first_wait:
-            out["first_wait_warning"] = first_wait[0].time_text
-        return out
-
-    def _consequence_groups(
-        self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
-    ) -> list[dict[str, Any]]:
-        groups: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
-        for (sid, proc, rank), g in self.groups.items():
-            groups[(sid, proc, rank)] = {
-                "sig": g.sig,
-                "process": proc,
-                "rank": rank,
-                "pid": g.pid,
-                "first": g.first,
-                "count": g.count,
-            }
-        # root candidates that lost are consequences of the root
-        seen_ids = set()
-        for sid, evs in self.roots.items():
-            for ev in evs:
-                if ev is root or ev.role != "root" or id(ev) in skip:
-                    continue
-                seen_ids.add(id(ev))
-                self._add_to(groups, ev, sid)
-            extra = self.root_counts.get(sid, 0) - len(evs)
-            if extra > 0 and evs:
-                k = next((k for k in groups if k[0] == sid), None)
-                if k is not None:
-                    groups[k]["count"] += extra
-        for ev in demoted:
-            if id(ev) not in seen_ids and ev is not root and id(ev) not in skip:
-                self._add_to(groups, ev, ev.signature or "")
-        out = list(groups.values())
-        out.sort(key=cmp_to_key(lambda a, b: _cmp_time(a["first"], b["first"])))
-        return out
-
-    def _add_to(
-        self, groups: dict[tuple[str, str | None, int | None], dict[str, Any]], ev: Event, sid: str
-    ) -> None:
-        notes: list[str] = []
-        proc, rank, pid = self._subject(ev, notes, link=False)
-        key = (sid, proc, rank)
-        g = groups.get(key)
-        if g is None:
-            groups[key] = {
-                "sig": self.table.by_id[sid],
-                "process": proc,
-                "rank": rank,
-                "pid": pid,
-                "first": ev,
-                "count": 1,
-            }
-        else:
-            g["count"] += 1
-
-    def _cons_contract(self, g: dict[str, Any]) -> dict[str, Any]:
-        ev: Event = g["first"]
-        return {
-            "signature": g["sig"].id,
-            "process": g["process"],
-            "rank": g["rank"],
-            "pid": g["pid"],
-            "count": g["count"],
-            "file": ev.file,
-            "line": ev.line,
-            "text": ev.text.strip()[:500],
-        }
-
-    def _timeline(
-        self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
-    ) -> list[dict[str, Any]]:
-        evidence = {id(e) for e in evidence_events or []}
-        items: list[Event] = []
-        seen: set[int] = set()
-
-        def add(ev: Event | None) -> None:
-            if ev is not None and id(ev) not in seen:
-                seen.add(id(ev))
-                items.append(ev)
-
-        add(root)
-        for e in evidence_events or []:
-            add(e)
-        for sid, evs in self.precursors.items():
-            if sid == "bare-timeout-error":
-                continue
-            add(evs[0])
-            if len(evs) > 1:
-                add(evs[-1])
-        add(self.last_progress)
-        add(self.stall_stats)
-        first_by_sig: dict[str, Event] = {}
-        for g in self.groups.values():
-            cur = first_by_sig.get(g.sig.id)
-            if cur is None or _cmp_time(g.first, cur) < 0:
-                first_by_sig[g.sig.id] = g.first
-        for ev in first_by_sig.values():
-            add(ev)
-        for evs in self.roots.values():
-            for ev in evs[:2]:
-                add(ev)
-        if not self.ready and self.milestones:
-            order = {p: i for i, p in enumerate(PHASES)}
-            for ph in sorted(self.milestones, key=lambda p: order.get(p, -1))[-4:]:
-                add(self.milestones[ph]["first"])
-                add(self.milestones[ph]["last"])
-        # causal order: warning signs and progress before the root, then the root, then what
-        # followed (each part in time order where clocks compare, else input order)
-        items.sort(key=cmp_to_key(_cmp_time))
-        # warning signs and progress logged after the root (a stats line printed after a worker
-        # died) are shown after it, in time order
-        before = [
-            e
-            for e in items
-            if e is not root
-            and e.role in ("precursor", "progress")
-            and (root is None or _cmp_time(e, root) <= 0)
-        ]
-        bid = {id(e) for e in before}
-        after = [e for e in items if e is not root and id(e) not in bid]
-        room = TIMELINE_MAX - (1 if root is not None else 0)
-        if len(before) + len(after) > room:
-            before = before[-max(room // 3, room - len(after)) :] if before else before
-            after = after[: room - len(before)]
-        items = before + ([root] if root is not None else []) + after
-        out = []
-        for ev in items:
-            notes: list[str] = []
-            proc, rank, pid = self._subject(ev, notes, link=ev is root)
-            d = self._contract_event(ev, proc, rank, pid)
-            out.append(
-                {
-                    "time": d["time"],
-                    "source": d["source"],
-                    "process": proc,
-                    "rank": rank,
-                    "pid": pid,
-                    "role": "root"
-                    if ev is root
-                    else "evidence"
-                    if id(ev) in evidence
-                    else (ev.role if ev.role != "root" else "consequence"),
-                    "signature": ev.signature,
-                    "file": ev.file,
-                    "line": ev.line,
-                    "text": d["text"][:300],
-                }
-            )
-        return out
-
-    def _summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
-        """One plain sentence without a final period (callers append "; bundle ..."): who (process,
-        rank, pid), what happened (the signal it was killed by, from the root or its evidence),
-        when, and how many lines followed as consequences."""
-        r = inc.root or {}
-        evidence = evidence or []
-        parts = [
-            f"rank {r['rank']}" if r.get("rank") is not None else None,
-            f"pid {r['pid']}" if r.get("pid") is not None else None,
-        ]
-        ids = ", ".join(x for x in parts if x)
-        who = str(r.get("process") or "A process") + (f" ({ids})" if ids else "")
-        t_ev = next((e for e in [root, *evidence] if e is not None and e.time_text), None)
-        where = ""
-        if t_ev is not None:
-            where = f" at {t_ev.time_text}" + (" s after boot" if _boot(t_ev) is not None else "")
-        n = sum(c["count"] for c in inc.consequences)
-        follow = (
-            (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
-            if n
-            else ""
-        )
-        c = inc.cause
-        label = inc.root_label or c
-        signal = next((s for s in (death_signal(e) for e in [root, *evidence] if e is not None) if s), None)
-        if c == "umd-segfault":
-            if not signal and root is not None and root.source == "kernel":
-                signal = "SIGSEGV"  # the kernel's "segfault at ... in LIB" record
-            how = f"was killed by {signal}" if signal else "crashed"
-            return f"{who} {how} inside the GPU driver library {inc.library or '?'}{where}{follow}"
-        if c == "gpu-fault":
-            on = f" in {who}" if r.get("process") or r.get("pid") is not None else ""
-            return f"The GPU driver reported a device fault ({label}){on}{where}{follow}"
-        if c == "engine-hang":
-            h = inc.hang or {}
-            after = f" after {h['last_progress']}" if h.get("last_progress") else ""
-            by = f"; {h['detected_by']} detected it" if h.get("detected_by") else ""
-            at = f" at {h['detected_at']}" if h.get("detected_at") else ""
-            return (
-                f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}{follow}"
-            )
-        if c == "startup-hang":
-            s = inc.startup or {}
-            miss = s.get("missing_ranks") or []
-            ranks = (
-                f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach "
-                f"{s.get('missing_phase')}"
-                if miss
-                else ""
-            )
-            if not s.get("last_milestone") and inc.hang and inc.hang.get("detected_by"):
-                h = inc.hang
-                return f"Start-up stalled: {h['detected_by']} (last at {h.get('detected_at') or '?'}){follow}"
-            return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}{follow}"
-        if c == "process-crash" and signal:
-            return f"{who} was killed by {signal}{where}{follow}"
-        if c == "process-crash":
-            code = next(
-                (
-                    e.extra.get("exit_code")
-                    for e in [root, *evidence]
-                    if e is not None and e.extra.get("exit_code") not in (None, "None")
-                ),
-                None,
-            )
-            if code is not None:
-                return f"{who} exited with code {code}{where}{follow}"
-            if root is not None and root.signature in ("worker-died-unexpectedly", "worker-died-v0"):
-                return f"{who} died unexpectedly (reported by EngineCore){where}{follow}"
-            return f"{who} died ({label}){where}{follow}"
-        if c == "host-oom":
-            return f"{who} was killed by the kernel's OOM killer{where}{follow}"
-        return f"{who} failed first: {label}{where}{follow}"
-
 
 # ------------------------------------------------------------------------------ files
 # Byte-order marks recognised at the start of an input (longest first: the UTF-32-LE mark starts

@@ -160,7 +160,9 @@ _ANCHOR_DRIVER_RE = re.compile(
     r"(?<![\w.-])(?:(?:xe|i915|amdgpu|radeon|nouveau|nvidia) [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d: |NVRM: )"
 )
 _ANCHOR_TIME_RE = re.compile(r"\d:\d\d:\d\d")
-_USERSPACE_PREFIX_RE = re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|Error\b|Exception\b|Traceback|pid=")
+_USERSPACE_PREFIX_RE = re.compile(
+    r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|Error\b|Exception\b|Traceback|pid="
+)
 _ANCHOR_MAX = 200  # characters of prefix searched for an anchor
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
 _TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
@@ -528,227 +530,344 @@ def _json_field_record(text: str) -> str | None:
 # the message field of a one-line JSON log record: docker's json-file driver {"log": ..., "stream": ...},
 # a process runner's event stream {"event": "line", "data": ...}, Loki/Elastic/Cloud Logging exports
 # ("message", "msg", "textPayload"), journalctl -o json ("MESSAGE"); and its stamp field, if any
-def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
-    s = _clean(raw)
+@dataclass
+class _Line:
+    """A line being unwrapped: the cleaned line (`raw`), the text left after the wrappers
+    stripped so far, and what they carried (the outermost stamp, a journal's pid)."""
+
+    raw: str
+    text: str
+    file: str | None
+    lineno: int | None
     wrap_time: str | None = None
     wrap_dt: datetime | None = None
     wrap_pid: int | None = None
-    text = s
-    if not text:
-        return Event(source="text", text="", raw=s, file=file, line=lineno)
-    c = text[0]
-    if (c == " " or c == "|") and text.lstrip(" ")[:2] == "| ":
-        # a log viewer's gutter before every line ("  | ERROR 07-01 13:54:43 ...", vllm#6042)
-        text = text.lstrip(" ")[2:]
-        if not text:
-            return Event(source="text", text="", raw=s, file=file, line=lineno)
-        c = text[0]
-    if c == ">" or c == "`":
-        text = _strip_markdown(text)
-        if not text:
-            return Event(source="text", text="", raw=s, file=file, line=lineno)
-        c = text[0]
-    if text[-1] == "`" and text.endswith("```"):
-        text = text[:-3]
-        if not text:
-            return Event(source="text", text="", raw=s, file=file, line=lineno)
-    # --- wrappers -------------------------------------------------------------------------
-    if c == "<" or c == "{" or c == "M" or (c.islower() and text.find(":", 3, 10) > 0):
-        env = unwrap(text)
+
+
+def _at(ev: Event, ln: _Line) -> Event:
+    ev.file, ev.line = ln.file, ln.lineno
+    return ev
+
+
+def _strip_gutter(ln: _Line) -> Event | None:
+    """A log viewer's gutter before every line ("  | ERROR 07-01 13:54:43 ...", vllm#6042)."""
+    t = ln.text
+    if t[0] in (" ", "|") and t.lstrip(" ")[:2] == "| ":
+        ln.text = t.lstrip(" ")[2:]
+    return None
+
+
+def _strip_quote(ln: _Line) -> Event | None:
+    """A markdown quote or inline code around the line (a report's paste)."""
+    if ln.text[0] in (">", "`"):
+        ln.text = _strip_markdown(ln.text)
+    return None
+
+
+def _strip_fence_end(ln: _Line) -> Event | None:
+    """A code fence glued to the end of the line."""
+    t = ln.text
+    if t[-1] == "`" and t.endswith("```"):
+        ln.text = t[:-3]
+    return None
+
+
+def _strip_envelope(ln: _Line) -> Event | None:
+    """A log shipper's or journal export's envelope (log_envelopes.unwrap): read the record in it."""
+    t = ln.text
+    c = t[0]
+    if c == "<" or c == "{" or c == "M" or (c.islower() and t.find(":", 3, 10) > 0):
+        env = unwrap(t)
         if env is not None:
-            return _from_envelope(env, s, file, lineno)
-    if c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == "T":
-        m = _ISO_RE.match(text)
+            return _from_envelope(env, ln.raw, ln.file, ln.lineno)
+    return None
+
+
+def _strip_iso_stamp(ln: _Line) -> Event | None:
+    """A leading ISO stamp (`docker logs -t`, a shipper's time): a kernel record's own header, or
+    a wrapper stamp taken as the line's time; "YYYY-MM-DD HH:MM:SS" too; an indented ISO kernel record."""
+    t = ln.text
+    c = t[0]
+    if c.isdigit() and len(t) > 20 and t[4] == "-" and t[10] == "T":
+        return _strip_iso_t(ln)
+    if c.isdigit() and len(t) > 20 and t[4] == "-" and t[10] == " ":
+        m = _ISO_SP_RE.match(t)
         if m:
-            rest = text[m.end() :]
-            if _HOST_KERNEL_RE.match(rest):
-                ev = parse_kernel_record(text)
-                if ev is not None:
-                    ev.file, ev.line = file, lineno
-                    return ev
-            if _KERNEL_MSG_RE.match(rest) or (m.group(2) or "").startswith(","):
-                ev = parse_kernel_record(text)
-                if ev is not None:
-                    ev.file, ev.line = file, lineno
-                    return ev
-            wrap_time = m.group(1).replace("T", " ")
-            wrap_dt = _parse_iso(m.group(1))
-            if rest[:1].isdigit():
-                # `docker logs -t` over a kernel record that carries its own ISO stamp
-                inner = _ISO_RE.match(rest)
-                if inner and _KERNEL_MSG_RE.match(rest[inner.end() :]):
-                    ev = parse_kernel_record(rest)
-                    if ev is not None:
-                        ev.file, ev.line = file, lineno
-                        return ev
-            # the wrapper puts one space after its stamp: more is the line's own indentation (a
-            # wrapped kernel record's continuation, a traceback frame), kept as in the unwrapped log
-            ws = m.end() - len(text[: m.end()].rstrip())
-            text = " " * (ws - 1) + rest if ws > 1 and rest else rest
-            c = text[:1]
-    elif c.isdigit() and len(text) > 20 and text[4] == "-" and text[10] == " ":
-        m = _ISO_SP_RE.match(text)
-        if m:
-            wrap_time = m.group(1)
-            wrap_dt = _parse_iso(m.group(1).replace(" ", "T"))
-            text = text[m.end() :]
-            c = text[:1]
-    elif c == " " and text.lstrip()[:1].isdigit() and _ISO_RE.match(text):
-        ev = parse_kernel_record(text)
+            ln.wrap_time = m.group(1)
+            ln.wrap_dt = _parse_iso(m.group(1).replace(" ", "T"))
+            ln.text = t[m.end() :]
+    elif c == " " and t.lstrip()[:1].isdigit() and _ISO_RE.match(t):
+        ev = parse_kernel_record(t)
         if ev is not None:
-            ev.file, ev.line = file, lineno
-            return ev
-    if c.isalpha() and " | " in text[:80]:
-        m = _COMPOSE_RE.match(text)
-        if m:
-            text = text[m.end() :]
-            c = text[:1]
-            if c.isdigit() and wrap_time is None and len(text) > 20 and text[4] == "-" and text[10] == "T":
-                # `docker compose logs -t`: "service  | 2026-04-16T12:49:28.263Z msg"
-                m = _ISO_RE.match(text)
-                if m:
-                    wrap_time = m.group(1).replace("T", " ")
-                    wrap_dt = _parse_iso(m.group(1))
-                    text = text[m.end() :]
-                    c = text[:1]
-    if c == ">":
-        # a quoted line under a shipper's wrapper ("vllm-1  | > Nov 30 ... kernel: ...")
-        text = _strip_markdown(text)
-        c = text[:1]
-    if (c == " " or c == '"') and '": "' in text[:48]:
-        # one field of a pretty-printed JSON log entry (see _JSON_FIELD_RE): read the record in it
-        rec = _json_field_record(text)
-        if rec is not None:
-            ev = _parse_line(rec, file, lineno)
-            ev.raw = s
-            if ev.time is None and wrap_time is not None:
-                ev.time_text, ev.time = wrap_time, wrap_dt
-            return ev
-    if (
-        (c.isalpha() or (c.isdigit() and "月" in text[1:3]))
-        and len(text) > 16
-        and (sp := text.find(" ", 2, 7)) > 0
-        and text[sp + 3] == " "
-        and text[sp + 6] == ":"
+            return _at(ev, ln)
+    return None
+
+
+def _strip_iso_t(ln: _Line) -> Event | None:
+    t = ln.text
+    m = _ISO_RE.match(t)
+    if not m:
+        return None
+    rest = t[m.end() :]
+    if _HOST_KERNEL_RE.match(rest) or _KERNEL_MSG_RE.match(rest) or (m.group(2) or "").startswith(","):
+        ev = parse_kernel_record(t)
+        if ev is not None:
+            return _at(ev, ln)
+    ln.wrap_time = m.group(1).replace("T", " ")
+    ln.wrap_dt = _parse_iso(m.group(1))
+    if rest[:1].isdigit():
+        # `docker logs -t` over a kernel record that carries its own ISO stamp
+        inner = _ISO_RE.match(rest)
+        if inner and _KERNEL_MSG_RE.match(rest[inner.end() :]):
+            ev = parse_kernel_record(rest)
+            if ev is not None:
+                return _at(ev, ln)
+    # the wrapper puts one space after its stamp: more is the line's own indentation (a wrapped
+    # kernel record's continuation, a traceback frame), kept as in the unwrapped log
+    ws = m.end() - len(t[: m.end()].rstrip())
+    ln.text = " " * (ws - 1) + rest if ws > 1 and rest else rest
+    return None
+
+
+def _strip_compose(ln: _Line) -> Event | None:
+    """`docker compose logs`' "service  | " prefix, and the ISO stamp `-t` adds after it."""
+    t = ln.text
+    if not (t[0].isalpha() and " | " in t[:80]):
+        return None
+    m = _COMPOSE_RE.match(t)
+    if m:
+        t = ln.text = t[m.end() :]
+        if t[:1].isdigit() and ln.wrap_time is None and len(t) > 20 and t[4] == "-" and t[10] == "T":
+            # `docker compose logs -t`: "service  | 2026-04-16T12:49:28.263Z msg"
+            m = _ISO_RE.match(t)
+            if m:
+                ln.wrap_time = m.group(1).replace("T", " ")
+                ln.wrap_dt = _parse_iso(m.group(1))
+                ln.text = t[m.end() :]
+    return None
+
+
+def _strip_shipped_quote(ln: _Line) -> Event | None:
+    """A quoted line under a shipper's wrapper ("vllm-1  | > Nov 30 ... kernel: ...")."""
+    if ln.text[0] == ">":
+        ln.text = _strip_markdown(ln.text)
+    return None
+
+
+def _strip_json_field(ln: _Line) -> Event | None:
+    """One field of a pretty-printed JSON log entry (see _JSON_FIELD_RE): read the record in it."""
+    t = ln.text
+    if not ((t[0] == " " or t[0] == '"') and '": "' in t[:48]):
+        return None
+    rec = _json_field_record(t)
+    if rec is None:
+        return None
+    ev = _parse_line(rec, ln.file, ln.lineno)
+    ev.raw = ln.raw
+    if ev.time is None and ln.wrap_time is not None:
+        ev.time_text, ev.time = ln.wrap_time, ln.wrap_dt
+    return ev
+
+
+def _strip_syslog(ln: _Line) -> Event | None:
+    """A syslog/journal header ("Mon DD HH:MM:SS host unit[pid]: "): a kernel record, or the
+    line's time and pid; a template with the facility/level between host and tag."""
+    t = ln.text
+    c = t[0]
+    if not (
+        (c.isalpha() or (c.isdigit() and "月" in t[1:3]))
+        and len(t) > 16
+        and (sp := t.find(" ", 2, 7)) > 0
+        and t[sp + 3] == " "
+        and t[sp + 6] == ":"
     ):
-        m = _SYSLOG_RE.match(text)
+        return None
+    m = _SYSLOG_RE.match(t)
+    if m:
+        if m.group(3) == "kernel":
+            return _at(
+                _kernel_event(t[m.end() :], ln.raw, time_text=m.group(1), t=_parse_syslog_time(m.group(1))),
+                ln,
+            )
+        ln.wrap_time = m.group(1)
+        ln.wrap_dt = _parse_syslog_time(m.group(1))
+        ln.wrap_pid = int(m.group(4)) if m.group(4) else None
+        ln.text = t[m.end() :]
+    elif (ms := _SYSLOG_STAMP_RE.match(t)) and (mk := _HOST_KERNEL_RE.match(t, ms.end())):
+        ev = _kernel_event(t[mk.end() :], ln.raw, time_text=ms.group(1), t=_parse_syslog_time(ms.group(1)))
+        return _at(ev, ln)
+    return None
+
+
+def _strip_bare_kernel(ln: _Line) -> Event | None:
+    """A "kernel: " tag after an optional stamp (a journal excerpt without host)."""
+    t = ln.text
+    if (t[0] == "k" or t[0].isdigit()) and "kernel: " in t[:24]:
+        m = _BARE_KERNEL_RE.match(t)
         if m:
-            unit = m.group(3)
-            if unit == "kernel":
-                ev = _kernel_event(text[m.end() :], s, time_text=m.group(1), t=_parse_syslog_time(m.group(1)))
-                ev.file, ev.line = file, lineno
-                return ev
-            wrap_time = m.group(1)
-            wrap_dt = _parse_syslog_time(m.group(1))
-            wrap_pid = int(m.group(4)) if m.group(4) else None
-            text = text[m.end() :]
-            c = text[:1]
-        elif (ms := _SYSLOG_STAMP_RE.match(text)) and (mk := _HOST_KERNEL_RE.match(text, ms.end())):
-            # a template with the facility/level between host and tag ("host kern.err kernel: ")
-            ev = _kernel_event(text[mk.end() :], s, time_text=ms.group(1), t=_parse_syslog_time(ms.group(1)))
-            ev.file, ev.line = file, lineno
+            return _at(_kernel_event(t[m.end() :], ln.raw, time_text=m.group(1)), ln)
+    return None
+
+
+# The wrappers around a line, outermost first: each stripper takes its wrapper off `_Line.text`
+# (keeping the stamp/pid it carried) or reads the whole line as a record (an Event). A line left
+# empty is an empty text event.
+_STRIPPERS = (
+    _strip_gutter,
+    _strip_quote,
+    _strip_fence_end,
+    _strip_envelope,
+    _strip_iso_stamp,
+    _strip_compose,
+    _strip_shipped_quote,
+    _strip_json_field,
+    _strip_syslog,
+    _strip_bare_kernel,
+)
+
+
+def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
+    s = _clean(raw)
+    ln = _Line(s, s, file, lineno)
+    for strip in _STRIPPERS:
+        if not ln.text:
+            return Event(
+                source="text", text="", raw=s, file=file, line=lineno, time_text=ln.wrap_time, time=ln.wrap_dt
+            )
+        ev = strip(ln)
+        if ev is not None:
             return ev
-    if not text:
-        return Event(source="text", text="", raw=s, file=file, line=lineno, time_text=wrap_time, time=wrap_dt)
-    if (c == "k" or c.isdigit()) and "kernel: " in text[:24]:
-        m = _BARE_KERNEL_RE.match(text)
-        if m:
-            ev = _kernel_event(text[m.end() :], s, time_text=m.group(1))
-            ev.file, ev.line = file, lineno
-            return ev
-    # --- vLLM prefixed lines ----------------------------------------------------------------
+    if not ln.text:
+        return Event(
+            source="text", text="", raw=s, file=file, line=lineno, time_text=ln.wrap_time, time=ln.wrap_dt
+        )
+    return _parse_record(ln)
+
+
+def _parse_record(ln: _Line) -> Event:
+    """The unwrapped line: a vLLM-prefixed record, oneCCL, uvicorn, torch's rank prefix, a kernel
+    record in one of its headers, NCCL's WARN line, or plain text."""
     name: str | None = None
     pid: int | None = None
-    if c == "(":
+    text = ln.text
+    if text[0] == "(":
         name, pid, text = split_process_prefix(text)
-        c = text[:1]
+        ln.text = text
+    c = text[:1]
     if c.isupper():
-        m = _VLLM_RE.match(text)
+        ev = _upper_record(ln, name, pid)
+    elif c == "|" and text[1:5] == "CCL_":
+        ev = _leveled(
+            _CCL_BARE_RE, "ccl", text, ln.raw, name, pid, ln.file, ln.lineno, ln.wrap_time, ln.wrap_dt
+        )
+    elif c.isdigit():
+        ev = _digit_record(ln, name, pid)
+    elif c == "<" and name is None and len(text) > 3 and text[1].isdigit() and text[2] == ">":
+        ev = parse_kernel_record(text)
+        ev = _at(ev, ln) if ev is not None else None
+    elif c == "[":
+        ev = _bracket_record(ln, name, pid)
+    else:
+        ev = None
+    return ev if ev is not None else _tail_record(ln, name, pid)
+
+
+def _upper_record(ln: _Line, name: str | None, pid: int | None) -> Event | None:
+    """vLLM's "LEVEL MM-DD HH:MM:SS [file.py:N] msg", oneCCL's bare "CCL_LEVEL| ...", uvicorn's "INFO: ..."."""
+    text = ln.text
+    m = _VLLM_RE.match(text)
+    if m:
+        tt = m.group(2)
+        return Event(
+            source="vllm",
+            text=text[m.end() :],
+            raw=ln.raw,
+            time=_vllm_time(tt),
+            time_text=tt,
+            process=name,
+            pid=pid if name else ln.wrap_pid,
+            level=m.group(1),
+            file=ln.file,
+            line=ln.lineno,
+            code_location=m.group(3),
+        )
+    if text[:4] == "CCL_":
+        ev = _leveled(
+            _CCL_BARE_RE, "ccl", text, ln.raw, name, pid, ln.file, ln.lineno, ln.wrap_time, ln.wrap_dt
+        )
+        if ev is not None:
+            return ev
+    if text.startswith(("INFO:", "WARNING:", "ERROR:", "CRITICAL:")):
+        return _leveled(
+            _UVICORN_RE, "vllm", text, ln.raw, name, pid, ln.file, ln.lineno, ln.wrap_time, ln.wrap_dt
+        )
+    return None
+
+
+def _digit_record(ln: _Line, name: str | None, pid: int | None) -> Event | None:
+    """oneCCL's "YYYY:MM:DD-HH:MM:SS:(pid) |CCL_LEVEL| ..." or a /dev/kmsg record."""
+    text = ln.text
+    if len(text) > 20 and text[4] == ":" and text[10] == "-":
+        m = _CCL_RE.match(text)
         if m:
-            tt = m.group(2)
+            tt = f"{m.group(1)}:{m.group(2)}:{m.group(3)}-{m.group(4)}"
+            try:
+                hh, mi, ss = (int(x) for x in m.group(4).split(":"))
+                t = datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)), hh, mi, ss)
+            except ValueError:
+                t = None
+            cpid = m.group(5) or m.group(6)
+            return Event(
+                source="ccl",
+                text=text[m.end() :],
+                raw=ln.raw,
+                time=t,
+                time_text=tt,
+                process=name,
+                pid=int(cpid) if cpid else pid,
+                rank=int(m.group(7)) if m.group(7) else None,
+                level=m.group(8),
+                file=ln.file,
+                line=ln.lineno,
+                extra={"tid": int(m.group(5))} if m.group(5) else {},
+            )
+    if _KMSG_RE.match(text) and name is None:
+        ev = parse_kernel_record(text)
+        if ev is not None:
+            return _at(ev, ln)
+    return None
+
+
+def _bracket_record(ln: _Line, name: str | None, pid: int | None) -> Event | None:
+    """torch's "[rankN]:" prefix, or a dmesg header ("[ 123.456]", "[Mon Mar 26 ...]")."""
+    text = ln.text
+    if text.startswith("[rank") or (len(text) > 3 and text[1].isdigit() and "[rank" in text[:16]):
+        m = _TORCH_RANK_RE.match(text)
+        if m:
             return Event(
                 source="vllm",
                 text=text[m.end() :],
-                raw=s,
-                time=_vllm_time(tt),
-                time_text=tt,
+                raw=ln.raw,
                 process=name,
-                pid=pid if name else wrap_pid,
-                level=m.group(1),
-                file=file,
-                line=lineno,
-                code_location=m.group(3),
+                pid=pid,
+                rank=int(m.group(1)),
+                file=ln.file,
+                line=ln.lineno,
+                time_text=ln.wrap_time,
+                time=ln.wrap_dt,
+                level="ERROR" if text[m.end() : m.end() + 3] == "[E " else None,
             )
-        if text[:4] == "CCL_":
-            ev = _leveled(_CCL_BARE_RE, "ccl", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
-            if ev is not None:
-                return ev
-        if text.startswith(("INFO:", "WARNING:", "ERROR:", "CRITICAL:")):
-            ev = _leveled(_UVICORN_RE, "vllm", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
-            if ev is not None:
-                return ev
-    elif c == "|" and text[1:5] == "CCL_":
-        ev = _leveled(_CCL_BARE_RE, "ccl", text, s, name, pid, file, lineno, wrap_time, wrap_dt)
-        if ev is not None:
-            return ev
-    elif c.isdigit():
-        if len(text) > 20 and text[4] == ":" and text[10] == "-":
-            m = _CCL_RE.match(text)
-            if m:
-                tt = f"{m.group(1)}:{m.group(2)}:{m.group(3)}-{m.group(4)}"
-                try:
-                    hh, mi, ss = (int(x) for x in m.group(4).split(":"))
-                    t = datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)), hh, mi, ss)
-                except ValueError:
-                    t = None
-                cpid = m.group(5) or m.group(6)
-                return Event(
-                    source="ccl",
-                    text=text[m.end() :],
-                    raw=s,
-                    time=t,
-                    time_text=tt,
-                    process=name,
-                    pid=int(cpid) if cpid else pid,
-                    rank=int(m.group(7)) if m.group(7) else None,
-                    level=m.group(8),
-                    file=file,
-                    line=lineno,
-                    extra={"tid": int(m.group(5))} if m.group(5) else {},
-                )
-        m = _KMSG_RE.match(text)
-        if m and name is None:
-            ev = parse_kernel_record(text)
-            if ev is not None:
-                ev.file, ev.line = file, lineno
-                return ev
-    elif c == "<" and name is None and len(text) > 3 and text[1].isdigit() and text[2] == ">":
+    if name is None and (_DMESG_RE.match(text) or _DMESG_T_RE.match(text)):
         ev = parse_kernel_record(text)
         if ev is not None:
-            ev.file, ev.line = file, lineno
-            return ev
-    elif c == "[":
-        if text.startswith("[rank") or (len(text) > 3 and text[1].isdigit() and "[rank" in text[:16]):
-            m = _TORCH_RANK_RE.match(text)
-            if m:
-                return Event(
-                    source="vllm",
-                    text=text[m.end() :],
-                    raw=s,
-                    process=name,
-                    pid=pid,
-                    rank=int(m.group(1)),
-                    file=file,
-                    line=lineno,
-                    time_text=wrap_time,
-                    time=wrap_dt,
-                    level="ERROR" if text[m.end() : m.end() + 3] == "[E " else None,
-                )
-        if name is None and (_DMESG_RE.match(text) or _DMESG_T_RE.match(text)):
-            ev = parse_kernel_record(text)
-            if ev is not None:
-                ev.file, ev.line = file, lineno
-                return ev
+            return _at(ev, ln)
+    return None
+
+
+def _tail_record(ln: _Line, name: str | None, pid: int | None) -> Event:
+    """NCCL's "host:pid:tid [dev] NCCL WARN ...", a vLLM prefix after other output, a kernel
+    record without its stamp or after an unknown prefix, else plain text."""
+    text = ln.text
     if name is None and " NCCL " in text:
         m = _NCCL_RE.match(text)
         if m:
@@ -756,46 +875,50 @@ def _parse_line(raw: str, file: str | None, lineno: int | None) -> Event:
             return Event(
                 source="ccl",
                 text=text[m.end() :],
-                raw=s,
+                raw=ln.raw,
                 pid=int(m.group(3)),
                 level="NCCL_" + m.group(6),
-                file=file,
-                line=lineno,
-                time_text=wrap_time or nt,
-                time=wrap_dt or (_parse_iso(nt.replace(" ", "T")) if nt else None),
+                file=ln.file,
+                line=ln.lineno,
+                time_text=ln.wrap_time or nt,
+                time=ln.wrap_dt or (_parse_iso(nt.replace(" ", "T")) if nt else None),
                 extra={"device_index": int(m.group(5))},
             )
-    if name is None and "pid=" in text:
-        # a progress bar or other output without a newline before a prefixed vLLM line
-        m = _MID_PREFIX_RE.search(text)
-        if m:
-            return _parse_line(text[m.start() :], file, lineno)
-    if name is None and wrap_time is None:
-        # kernel records quoted without their stamp, also indented in a hand-written report
-        # ("  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error ...")
-        kt = text.lstrip() if c == " " or c == "\t" else text
-        if _KERNEL_MSG_RE.match(kt):
-            ev = _kernel_event(kt, s, time_text=None)
-            ev.file, ev.line = file, lineno
-            return ev
     if name is None:
-        ev = _kernel_after_prefix(text, s)
+        ev = _kernel_tail(ln, text)
         if ev is not None:
-            ev.file, ev.line = file, lineno
-            if ev.time is None and wrap_time is not None:
-                ev.time_text, ev.time = wrap_time, wrap_dt
             return ev
     return Event(
         source="vllm" if name else "text",
         text=text,
-        raw=s,
+        raw=ln.raw,
         process=name,
-        pid=pid if pid else wrap_pid,
-        file=file,
-        line=lineno,
-        time_text=wrap_time,
-        time=wrap_dt,
+        pid=pid if pid else ln.wrap_pid,
+        file=ln.file,
+        line=ln.lineno,
+        time_text=ln.wrap_time,
+        time=ln.wrap_dt,
     )
+
+
+def _kernel_tail(ln: _Line, text: str) -> Event | None:
+    if "pid=" in text:
+        # a progress bar or other output without a newline before a prefixed vLLM line
+        m = _MID_PREFIX_RE.search(text)
+        if m:
+            return _parse_line(text[m.start() :], ln.file, ln.lineno)
+    if ln.wrap_time is None:
+        # kernel records quoted without their stamp, also indented in a hand-written report
+        # ("  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error ...")
+        kt = text.lstrip() if text[:1] in (" ", "\t") else text
+        if _KERNEL_MSG_RE.match(kt):
+            return _at(_kernel_event(kt, ln.raw, time_text=None), ln)
+    ev = _kernel_after_prefix(text, ln.raw)
+    if ev is not None:
+        _at(ev, ln)
+        if ev.time is None and ln.wrap_time is not None:
+            ev.time_text, ev.time = ln.wrap_time, ln.wrap_dt
+    return ev
 
 
 # A second record glued to the end of another on one pasted line (a terminal that lost the newline,

@@ -104,15 +104,15 @@ def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]
     of that kind; FILE through `files`)."""
     by_sig: dict[str, dict[str, Any]] = {}
     for g in inc.consequence_groups:
-        sig = g["sig"]
+        sig = g.sig
         e = by_sig.setdefault(
-            sig.id, {"label": sig.label, "count": 0, "ranks": set(), "procs": set(), "first": g}
+            sig.id, {"label": sig.label, "count": 0, "ranks": set(), "procs": set(), "first": g.first}
         )
-        e["count"] += g["count"]
-        if g["rank"] is not None:
-            e["ranks"].add(g["rank"])
-        elif g["process"]:
-            e["procs"].add(g["process"])
+        e["count"] += g.count
+        if g.rank is not None:
+            e["ranks"].add(g.rank)
+        elif g.process:
+            e["procs"].add(g.process)
     lines = []
     for e in by_sig.values():
         who = ""
@@ -121,7 +121,7 @@ def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]
             who = f" on rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)}"
         elif e["procs"]:
             who = " in " + ", ".join(sorted(e["procs"]))
-        ev = e["first"]["first"]
+        ev = e["first"]
         where = f"{files(ev.file) if files else ev.file}:{ev.line}" if ev.file else "live"
         lines.append(f"{e['label']} x{e['count']}{who}  [{where}]")
     return lines

@@ -114,6 +114,10 @@ def is_wedged(ev: Event) -> bool:
     return "wedged" in ev.text.lower() and (is_gpu_fault(ev) or ev.text.startswith(_GPU_DRIVERS))
 
 
+# How long after an exit a crash record read from /dev/kmsg may still arrive (KernelWatcher.settle).
+KMSG_SETTLE_S = 0.05
+
+
 class KernelWatcher:
     """Kernel log watch for one supervisor (config `watchers.kernel`).
 
@@ -212,15 +216,21 @@ class KernelWatcher:
     async def settle(self, ctx: IncarnationContext, pids: list[int], max_s: float | None = None) -> bool:
         """Wait (at most `max_s`, default `settle_s` seconds) for a crash record (segfault, trap,
         OOM kill) of this incarnation's processes, called by the supervisor while capturing when
-        `pids` died by a signal the kernel logs. The kernel may print the record a few ms after
-        the exit was seen, and the watch reads it on its next wake-up (kmsg/journalctl: at once;
-        file: every 50 ms). True when one is (or was already) recorded; False at once when the
-        watch is not reading (no source, not running), else False after the wait."""
+        `pids` died by a signal the kernel logs. A fault's record is printed before its signal
+        is sent (arch/x86/mm/fault.c show_signal_msg, then force_sig_fault); the OOM killer's
+        "Killed process" line right after its SIGKILL (mm/oom_kill.c __oom_kill_process), while
+        the victim is still freeing its memory. From `/dev/kmsg`, read as soon as it is readable,
+        such a record is in within KMSG_SETTLE_S of the exit; journalctl and files deliver later
+        (a file is read every 50 ms), so they get the whole `settle_s`. True when one is (or was
+        already) recorded; False at once when the watch is not reading (no source, not running),
+        else False after the wait."""
         if not pids or not self._reading or self._crash_seen is None:
             return False
         if self._crash_seen.is_set():
             return True
         limit = self.settle_s if max_s is None else max_s
+        if self.source_kind == "kmsg":
+            limit = min(limit, KMSG_SETTLE_S)
         return await aio.wait_event(self._crash_seen, limit)
 
     def recent_gpu_faults(self, within_s: float) -> list[Event]:

@@ -1,0 +1,107 @@
+"""The evidence store: what the analysis keeps of its input, bounded whatever the input size.
+
+Root candidates and precursors keep the first `MAX_PER_SIGNATURE` events of each signature (and
+exact counts); consequences are counted per (signature, process, rank) in at most `MAX_GROUPS`
+groups; start-up milestones keep their first and last event and the ranks that reached them; the
+pid maps hold what vLLM's prefixes taught ("(Worker_TP1 pid=4242)" -> rank 1). Filled by the
+feeding and classification in `diagnosis.Analyzer`, read by the verdict (analysis/verdict.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
+from xpu_serve.analysis.incident import Group
+from xpu_serve.analysis.rules import Rules, load_rules
+from xpu_serve.events import Event, parse_line
+from xpu_serve.signatures import Signature, SignatureTable, load_table
+
+MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
+MAX_GROUPS = 4096  # consequence groups (signature, process, rank) kept
+
+
+class EvidenceStore:
+    """The bounded store (see the module docstring). `table` is the signature table (the
+    packaged one when None); the causal rules are loaded for it."""
+
+    def __init__(self, table: SignatureTable | None = None) -> None:
+        self.table = table or load_table()
+        # the causal rules (data/rules.yaml): the rows with a part in the analysis, sets of rows
+        # treated alike, the demotion and outrank rules
+        self.rules: Rules = load_rules(table)
+        self._row = self.rules.rows
+        self._set = self.rules.sets
+        self.lines = 0
+        self._files: list[str] = []
+        self._last_t: dict[str, tuple[int, ...]] = {}
+        self._last_line: dict[str, str] = {}
+        self.pid_rank: dict[int, int] = {}
+        self.pid_name: dict[int, str] = {}
+        self.pid_last_raw: dict[int, tuple[str, str, int]] = {}
+        self.world_size: int | None = None
+        self.roots: dict[str, list[Event]] = {}
+        self.root_counts: dict[str, int] = {}
+        self.precursors: dict[str, list[Event]] = {}
+        self.precursor_counts: dict[str, int] = {}
+        self.groups: dict[tuple[str, str | None, int | None], Group] = {}
+        self.milestones: dict[str, dict[str, Any]] = {}
+        self.ready = False
+        # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
+        self.last_progress: Any = None
+        self.last_stats: Any = None
+        self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
+        self.facts_hang: Event | None = None
+        # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
+        self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
+        # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
+        # incident): the state of the last failed incarnation before the latest restart
+        self._earlier: Any = None
+        self._restart_at: tuple[str, int] | None = None
+        self.restarts = 0
+
+    def _learn_pid(self, ev: Event) -> None:
+        pid, name = ev.pid, ev.process
+        if pid is None or ev.source not in ("vllm", "ccl"):
+            return
+        if name:
+            if pid not in self.pid_name:
+                self.pid_name[pid] = name
+            if name[-1].isdigit() and "_TP" in name:
+                m = WORKER_RE.search(name)
+                if m:
+                    self.pid_rank.setdefault(pid, int(m.group(1)))
+        if ev.rank is not None:
+            self.pid_rank.setdefault(pid, ev.rank)
+        elif pid in self.pid_rank:
+            ev.rank = self.pid_rank[pid]
+
+    def _keep_root(self, sid: str, ev: Event) -> None:
+        """Count a root candidate and keep it (the first MAX_PER_SIGNATURE of its signature)."""
+        self.root_counts[sid] = self.root_counts.get(sid, 0) + 1
+        lst = self.roots.setdefault(sid, [])
+        if len(lst) < MAX_PER_SIGNATURE:
+            lst.append(ev)
+
+    def _add_consequence(self, ev: Event, sig: Signature) -> None:
+        rank = ev.rank if ev.rank is not None else (self.pid_rank.get(ev.pid) if ev.pid is not None else None)
+        proc = normalize_process(ev.process or (self.pid_name.get(ev.pid) if ev.pid else None), rank)
+        key = (sig.id, proc, rank)
+        g = self.groups.get(key)
+        if g is None:
+            if len(self.groups) >= MAX_GROUPS:
+                return
+            g = self.groups[key] = Group(sig, proc, rank, ev.pid, ev)
+        g.count += 1
+
+    def _ref_event(self, ref: Any) -> Event | None:
+        if ref is None or isinstance(ref, Event):
+            return ref
+        line, file, lineno = ref
+        ev = parse_line(line, file, lineno)
+        ev.signature, ev.role = self._row["stats_line"], "progress"
+        ev.extra["_order"] = 0
+        t = ev.time
+        if t is not None:
+            ev.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+        return ev
