@@ -62,18 +62,6 @@ KNOWN_GAPS: dict[str, str] = {
         "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
     ),
     # batch 11a (Intel XPU, AMD)
-    "segfault-encountered-unknown-frame-worker1-died-sparse-mla-warmup-rocm": (
-        'the cause is right but rank 1 is not named: the native crash handler\'s frame `  File "<unknown>", line 0, '
-        "in 0xffffffffffffffff` opens a Python traceback state, which swallows the next line `Worker proc VllmWorker-1 "
-        "died unexpectedly (exit code: None)` as that frame's source line; native frames (tvm-ffi) carry no source "
-        "line, so the worker-death line that links the crash dump to Worker_TP1 is lost"
-    ),
-    "startup-stall-cudagraph-capture-71pct-prose-quoted-rocm-tp2": (
-        "the unprefixed tqdm bar `Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  71%|...| 36/51` is not "
-        "read as a start-up milestone (graph-capture progress is read only behind a vLLM prefix), so the "
-        "`[shm_broadcast.py:681] No available shared memory broadcast block found in 60 seconds` after it is a lone "
-        "precursor, not a wait during start-up (a capture bar stopped short of its total followed by a 60 s wait)"
-    ),
     # batch 11b (NVIDIA, CPU, other)
     "quoted-ray-nccl-watchdog-init-allreduce-gptq-3090-tp4": (
         "the watchdog timeouts `WorkNCCL(SeqNum=49, OpType=ALLREDUCE, NumelIn=268435456, ...)` (rank 1 at SeqNum=48) "
@@ -81,23 +69,6 @@ KNOWN_GAPS: dict[str, str] = {
         'startup-hang rests on the thread ("Hanging on Initializing") and telling an early start-up collective (a '
         "profile run) from a serving one needs more than the input holds (nccl-watchdog-v0-pipe-prefix, SeqNum=2, "
         "is engine-hang)"
-    ),
-    "ray-nccl-watchdog-first-allreduce-3090-tp4-startup": (
-        "a watchdog timeout on the process group's very first collective `WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
-        "NumelIn=1, ...)` (vLLM's one-element warm-up all-reduce after init_process_group: nothing ever completed, "
-        "so no request was ever served) is read as an engine hang instead of a start-up hang"
-    ),
-    "v0-engine-process-died-mqllmengine-dead-500": (
-        "the V0 MQLLMEngine client's `ERROR ... client.py:300] RuntimeError('Engine process (pid 76) died.')` (an "
-        "exception's repr, not a `RuntimeError: ...` line) and the launcher's `CRITICAL ... MQLLMEngine is already "
-        "dead, terminating server process` are not read as the engine process's death (as `Engine core proc ... "
-        "died unexpectedly` is for V1)"
-    ),
-    "v0-gloo-barrier-application-timeout-mqllmengine-init": (
-        "gloo's barrier timeout `RuntimeError: Application timeout caused pair closure` (frame `in barrier`, under "
-        "`MQLLMEngine.from_engine_args`: start-up) is read as a generic exception and then demoted below the worker "
-        "death logged after it, `Worker VllmWorkerProcess pid 348 died, exit code: -15`, which is vLLM's own "
-        "SIGTERM teardown (`Killing local vLLM worker processes`); a collective timeout during start-up is a start-up hang"
     ),
 }
 

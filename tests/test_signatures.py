@@ -424,9 +424,46 @@ def test_native_crash_frames_name_the_crashing_library(tmp_path, frames: str, ca
         ),
         # amdgpu's whole-GPU reset record (nv.c nv_asic_reset) and the amdgpu_device_mode1_reset record
         ("[  308.545396] amdgpu 0000:30:00.0: amdgpu: MODE2 reset", "amdgpu-asic-reset"),
-        ("dec 11 01:44:14 host kernel: amdgpu 0000:0a:00.0: amdgpu: GPU smu mode1 reset", "amdgpu-asic-reset"),
+        (
+            "dec 11 01:44:14 host kernel: amdgpu 0000:0a:00.0: amdgpu: GPU smu mode1 reset",
+            "amdgpu-asic-reset",
+        ),
+        # the watchdog on a group's first collective (start-up) and on a later one
+        (
+            "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600059 milliseconds",
+            "pg-watchdog-timeout-first-collective",
+        ),
+        (
+            "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600059 milliseconds",
+            "pg-watchdog-timeout",
+        ),
+        # gloo's own timeout (unbound_buffer.cc) and the pair closure it signals to the other operations
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete",
+            "gloo-timeout",
+        ),
+        # a graph-capture bar without vLLM's prefix, and prose that names the capture without a bar
+        (
+            "Capturing CUDA graph shapes: 100%|██████████| 35/35 [00:12<00:00,  2.81it/s]",
+            "ms-graph-capture-bar",
+        ),
+        ("Capturing CUDA graphs takes a while on this GPU", None),
+        # a start-up frame on a traceback's stack; the serving loop's frame is not one
+        (
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 83, in __init__',
+            "ms-engine-init-frame",
+        ),
+        (
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 700, in run_busy_loop',
+            None,
+        ),
         # i915's fence timeout on a kernel context (timeline = the device, no comm[pid])
-        ("[284083.655827] Fence expiration time out i915-0000:00:02.0:0000:00:02.0:554!", "i915-fence-expiration"),
+        (
+            "[284083.655827] Fence expiration time out i915-0000:00:02.0:0000:00:02.0:554!",
+            "i915-fence-expiration",
+        ),
     ],
 )
 def test_native_assert_gpu_reset_and_error_tail_shapes(line: str, row: str | None) -> None:

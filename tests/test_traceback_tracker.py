@@ -65,3 +65,37 @@ def test_a_quiet_stream_is_closed() -> None:
     for i in range(256):
         tr.expire(2000 + i)
     assert tr.streams == {}
+
+
+def test_a_native_frame_has_no_source_line() -> None:
+    # tvm-ffi's crash handler prints C frames in Python's frame shape with line 0: the line after
+    # one is the next frame or the process's next output, never the frame's source
+    tr = TracebackTracker()
+    got = _read(
+        tr,
+        [
+            "!!!!!!! Segfault encountered !!!!!!!",
+            '  File "<unknown>", line 0, in 0xffffffffffffffff',
+            "Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor.",
+        ],
+    )
+    assert got[1][2] is TbState.FRAMES
+    assert got[2][0] is Step.CLASSIFY  # read, not skipped as code
+    tr = TracebackTracker()
+    walked = _read(
+        tr,
+        [
+            "Traceback (most recent call last):",
+            '  File "<unknown>", line 0, in 0x7f3a2b1c',
+            '  File "/usr/lib/python3.12/site-packages/vllm/worker.py", line 12, in run',
+            "    self.step()",
+            "RuntimeError: boom",
+        ],
+    )
+    assert [s for _, _, s in walked] == [
+        TbState.FRAMES,
+        TbState.FRAMES,
+        TbState.SOURCE,
+        TbState.FRAMES,
+        TbState.EXCEPTION,
+    ]
