@@ -34,32 +34,15 @@ KNOWN_GAPS: dict[str, str] = {
     "unknown-shm-waits-during-torch-compile-tp2": _CUT_OR_STALL.format(what="torch.compile progress"),
     "unknown-mqllmengine-waits-while-loading-shards": _CUT_OR_STALL.format(what="the shard-loading bar"),
     # batch 10a (Intel XPU, AMD)
-    "hip-oom-lemonade-process-wrapper-gfx1151": (
-        "the cause is right but the `(EngineCore pid=2651)` prefix after the Lemonade wrapper "
-        "`2026-05-08 11:47:02.257 [Error] (Process) ` is not parsed, so the root names no process and no pid"
-    ),
     "unknown-shard-loading-bars-only-96-shards": (
         "bare tqdm lines `Loading safetensors checkpoint shards: 61% Completed | 59/96 [04:27<...]` advancing steadily "
         "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
         "without the ready line; nothing in the input shows a stall"
     ),
-    "cpu-docker-enginecore-issue-json-400-mempolicy-noise": (
-        "the client's JSON body `EngineCore encountered an issue. See stack trace (above) for the root cause.` "
-        "(vLLM's EngineDeadError text) is not read as the engine core's death"
-    ),
     "enginecore-fatal-collective-rpc-get-response-one-running": (
         "`EngineCore encountered a fatal error` whose first frame is `collective_rpc` -> `result = get_response(w, "
         "dequeue_timeout)` after a scheduler dump with `num_running_reqs=1` is not taken as the engine waiting on "
         "its workers (the input ends before the exception line)"
-    ),
-    "journald-bash-engine-process-failed-systemd-exit": (
-        "`RuntimeError: Engine process failed to start. See stack trace for the root cause.` behind a journald "
-        "`localhost bash[367371]:` prefix (then systemd's `Main process exited, code=exited, status=1/FAILURE`) is "
-        "not read as the engine process's death"
-    ),
-    "k9s-box-ray-logging-cc-fatal-python-aborted": (
-        "`Fatal Python error: Aborted` (after Ray's `logging.cc:440` signal-handler frames) inside a k9s pane's "
-        "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
     ),
     # batch 11a (Intel XPU, AMD)
     # batch 11b (NVIDIA, CPU, other)
