@@ -33,7 +33,7 @@ _CUT_OR_STALL = (
 KNOWN_GAPS: dict[str, str] = {
     "unknown-shm-waits-during-torch-compile-tp2": _CUT_OR_STALL.format(what="torch.compile progress"),
     "unknown-mqllmengine-waits-while-loading-shards": _CUT_OR_STALL.format(what="the shard-loading bar"),
-    # batch 10a (Intel XPU, AMD)
+    # batch 10b (NVIDIA, CPU, other)
     "unknown-shard-loading-bars-only-96-shards": (
         "bare tqdm lines `Loading safetensors checkpoint shards: 61% Completed | 59/96 [04:27<...]` advancing steadily "
         "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
@@ -44,7 +44,6 @@ KNOWN_GAPS: dict[str, str] = {
         "dequeue_timeout)` after a scheduler dump with `num_running_reqs=1` is not taken as the engine waiting on "
         "its workers (the input ends before the exception line)"
     ),
-    # batch 11a (Intel XPU, AMD)
     # batch 11b (NVIDIA, CPU, other)
     "quoted-ray-nccl-watchdog-init-allreduce-gptq-3090-tp4": (
         "the watchdog timeouts `WorkNCCL(SeqNum=49, OpType=ALLREDUCE, NumelIn=268435456, ...)` (rank 1 at SeqNum=48) "
