@@ -39,11 +39,6 @@ KNOWN_GAPS: dict[str, str] = {
         "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
         "without the ready line; nothing in the input shows a stall"
     ),
-    "enginecore-fatal-collective-rpc-get-response-one-running": (
-        "`EngineCore encountered a fatal error` whose first frame is `collective_rpc` -> `result = get_response(w, "
-        "dequeue_timeout)` after a scheduler dump with `num_running_reqs=1` is not taken as the engine waiting on "
-        "its workers (the input ends before the exception line)"
-    ),
     # batch 11b (NVIDIA, CPU, other)
     "quoted-ray-nccl-watchdog-init-allreduce-gptq-3090-tp4": (
         "the watchdog timeouts `WorkNCCL(SeqNum=49, OpType=ALLREDUCE, NumelIn=268435456, ...)` (rank 1 at SeqNum=48) "

@@ -99,3 +99,21 @@ def test_a_native_frame_has_no_source_line() -> None:
         TbState.FRAMES,
         TbState.EXCEPTION,
     ]
+
+
+def test_the_engine_core_s_wait_on_its_workers_is_a_wait_frame() -> None:
+    # collective_rpc's call of get_response (multiproc_executor.py), as dequeue's own line
+    for source in (
+        "    result = get_response(w, dequeue_timeout)",
+        "    status, result = mq.dequeue(timeout=t)",
+    ):
+        tr = TracebackTracker()
+        got = _read(
+            tr,
+            [
+                "Traceback (most recent call last):",
+                '  File "/usr/lib/python3.12/site-packages/vllm/v1/executor/multiproc_executor.py", line 220, in collective_rpc',
+                source,
+            ],
+        )
+        assert got[2][0] is Step.WAIT_FRAME, source

@@ -146,7 +146,7 @@ class TracebackTracker:
         st.state = TbState.FRAMES
         stripped = ev.text.strip()
         if not EXC_LINE_RE.match(stripped):
-            if "mq.dequeue(" in stripped:
+            if "mq.dequeue(" in stripped or "get_response(w, dequeue_timeout" in stripped:
                 # ... except the EngineCore's wait on its workers' response queue (signatures.yaml
                 # worker-response-dequeue-frame): on the stack only when the exception came from
                 # inside the wait, it is the trace of a hang in an excerpt cut before the exception
