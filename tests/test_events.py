@@ -467,6 +467,28 @@ def test_log_viewer_gutter_is_stripped() -> None:
     assert parse_line("| case | cause |").source == "text"
 
 
+def test_tui_pane_border_is_stripped() -> None:
+    # k9s's log view: "│ " before the line, padding to the pane width and "│" after it
+    ev = parse_line("\u2502 Fatal Python error: Aborted" + " " * 40 + "\u2502")
+    assert (ev.source, ev.text) == ("text", "Fatal Python error: Aborted")
+    ev = parse_line("\u2502 (EngineCore_DP0 pid=25) ERROR 12-14 20:43:07 [core.py:1] RuntimeError: x   \u2502")
+    assert (ev.process, ev.pid, ev.level, ev.text) == ("EngineCore_DP0", 25, "ERROR", "RuntimeError: x")
+    # a box-drawing character inside a line is text
+    assert parse_line("tree: a \u2502 b").text == "tree: a \u2502 b"
+
+
+def test_a_relay_s_level_and_source_tags_before_the_vllm_prefix_are_stripped() -> None:
+    # Lemonade server relays its child's stderr as "<stamp> [Error] (Process) <line>"
+    ev = parse_line(
+        "2026-05-08 11:47:02.257 [Error] (Process) (EngineCore pid=2651) torch.OutOfMemoryError: HIP out of memory."
+    )
+    assert (ev.source, ev.process, ev.pid) == ("vllm", "EngineCore", 2651)
+    assert ev.text.startswith("torch.OutOfMemoryError")
+    # a process prefix named inside prose is not a record's prefix
+    assert parse_line("see (EngineCore pid=1) for details").source == "text"
+    assert parse_line("the [note] says (EngineCore pid=1) died").source == "text"
+
+
 def test_glued_records_are_split_and_wrappers_are_not() -> None:
     # IPEX#810: two oneCCL records on one pasted line
     a = "2025:05:23-19:14:38:(172397) |CCL_WARN| could not get local_idx/count, trying to get them from ATL"

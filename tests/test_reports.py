@@ -33,129 +33,19 @@ _CUT_OR_STALL = (
 KNOWN_GAPS: dict[str, str] = {
     "unknown-shm-waits-during-torch-compile-tp2": _CUT_OR_STALL.format(what="torch.compile progress"),
     "unknown-mqllmengine-waits-while-loading-shards": _CUT_OR_STALL.format(what="the shard-loading bar"),
-    # batch 10a (Intel XPU, AMD)
-    "hip-oom-lemonade-process-wrapper-gfx1151": (
-        "the cause is right but the `(EngineCore pid=2651)` prefix after the Lemonade wrapper "
-        "`2026-05-08 11:47:02.257 [Error] (Process) ` is not parsed, so the root names no process and no pid"
-    ),
+    # batch 10b (NVIDIA, CPU, other)
     "unknown-shard-loading-bars-only-96-shards": (
         "bare tqdm lines `Loading safetensors checkpoint shards: 61% Completed | 59/96 [04:27<...]` advancing steadily "
         "(one shard every ~4.8 s by the bar's own clock) are read as a load-model stall because the capture ends "
         "without the ready line; nothing in the input shows a stall"
     ),
-    "cpu-docker-enginecore-issue-json-400-mempolicy-noise": (
-        "the client's JSON body `EngineCore encountered an issue. See stack trace (above) for the root cause.` "
-        "(vLLM's EngineDeadError text) is not read as the engine core's death"
-    ),
-    "cuda-device-assert-gather-after-startup-complete": (
-        "PyTorch's CUDA device-side assertion on stderr (`IndexKernelUtils.cu:16: vectorized_gather_kernel: ... "
-        "Assertion ... failed.`, no vLLM prefix) is not recognised as a process exception"
-    ),
-    "cuda-device-assert-gather-grep-n-prefix-gb10": (
-        "the CUDA device-side assertion `vectorized_gather_kernel: ... Assertion ... failed.` behind a `grep -n` "
-        "line-number prefix (`14633:/pytorch/aten/...`) is not recognised as a process exception"
-    ),
-    "enginecore-fatal-collective-rpc-get-response-one-running": (
-        "`EngineCore encountered a fatal error` whose first frame is `collective_rpc` -> `result = get_response(w, "
-        "dequeue_timeout)` after a scheduler dump with `num_running_reqs=1` is not taken as the engine waiting on "
-        "its workers (the input ends before the exception line)"
-    ),
-    "journald-bash-engine-process-failed-systemd-exit": (
-        "`RuntimeError: Engine process failed to start. See stack trace for the root cause.` behind a journald "
-        "`localhost bash[367371]:` prefix (then systemd's `Main process exited, code=exited, status=1/FAILURE`) is "
-        "not read as the engine process's death"
-    ),
-    "k9s-box-ray-logging-cc-fatal-python-aborted": (
-        "`Fatal Python error: Aborted` (after Ray's `logging.cc:440` signal-handler frames) inside a k9s pane's "
-        "box-drawing borders (`│ ... │`, padded to the pane width) is not read as a death by signal"
-    ),
-    "worker-tp1-stream-capture-unsupported-cudagraph": (
-        "the worker's error-handler lines `(Worker_TP1 pid=15193) ERROR ... [multiproc_executor.py:962] Search for "
-        "`cudaErrorStreamCaptureUnsupported' ...` (the tail of a CUDA error, its first line above the excerpt) are "
-        "not taken as Worker_TP1's exception"
-    ),
-    # batch 11a (Intel XPU, AMD)
-    "amdgpu-cp-queue-preemption-failed-mode1-reset-summary-gfx1102": (
-        "amdkfd's queue-preemption failure `amdgpu: cp queue pipe 1 queue 3 preemption failed`, then `Failed to evict "
-        "process queues` and the whole-GPU `MODE1 reset` are not in the amdgpu vocabulary (only `GPU reset begin!`, "
-        "ring timeouts, page faults, MES and RAS records are), so three kernel records of a hung GPU give no verdict"
-    ),
-    "c-assertion-sdp-kernel-ubatch-ollama-ipex-llm-igpu-k8s": (
-        "a glibc `assert()` failure line `ollama_llama_server: .../sdp_kernel.cpp:343: void sdp_fp16_casual_kernel(...) "
-        "[GS = 32, HD = 64]: Assertion `...' failed.` (`<prog>: <file>:<line>: <function>: Assertion `<expr>' "
-        "failed.`) is not read as a process exception; only the shell's SIGABRT report after it would be seen"
-    ),
-    "i915-fence-expiration-timeout-level-zero-server-a750-journal": (
-        "i915's request watchdog record `kernel: Fence expiration time out i915-0000:03:00.0:server[5816]:14c!` (a GPU "
-        "request of `server` pid 5816 that never completed: a job timeout) is not in the i915 vocabulary, which knows "
-        "only `GPU HANG`, engine/chip resets and reset-request timeouts"
-    ),
-    "segfault-encountered-unknown-frame-worker1-died-sparse-mla-warmup-rocm": (
-        'the cause is right but rank 1 is not named: the native crash handler\'s frame `  File "<unknown>", line 0, '
-        "in 0xffffffffffffffff` opens a Python traceback state, which swallows the next line `Worker proc VllmWorker-1 "
-        "died unexpectedly (exit code: None)` as that frame's source line; native frames (tvm-ffi) carry no source "
-        "line, so the worker-death line that links the crash dump to Worker_TP1 is lost"
-    ),
-    "startup-stall-cudagraph-capture-71pct-prose-quoted-rocm-tp2": (
-        "the unprefixed tqdm bar `Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  71%|...| 36/51` is not "
-        "read as a start-up milestone (graph-capture progress is read only behind a vLLM prefix), so the "
-        "`[shm_broadcast.py:681] No available shared memory broadcast block found in 60 seconds` after it is a lone "
-        "precursor, not a wait during start-up (a capture bar stopped short of its total followed by a 60 s wait)"
-    ),
     # batch 11b (NVIDIA, CPU, other)
-    "compose-enginecore-illegal-address-search-line-first-spark": (
-        "PyTorch's CUDA error tail `(EngineCore_DP0 pid=131) ERROR ... [core.py:902] Search for "
-        "`cudaErrorIllegalAddress' in https://docs.nvidia.com/...` (c10_cuda_check_implementation; the "
-        "`CUDA error: ...` line above it cut off) names the CUDA error but is not read as EngineCore's exception; "
-        "the `Process EngineCore_DP0:` traceback after it ends before its exception line"
-    ),
-    "compose-v0-no-memory-for-cache-blocks-qwen-0.5b": (
-        "`ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`` raised in "
-        "`raise_if_cache_size_invalid` (the start-up KV-cache sizing check) is classed device-oom by the "
-        "kv-cache-no-memory row, while the same check family (`KV cache is needed, which is larger than the "
-        "available KV cache memory`, `max seq len ... larger than ... KV cache`) is config-error: nothing was "
-        "allocated, the configured memory fraction left no room"
-    ),
-    "kserve-nccl-heartbeat-watchdog-stuck-benchmark": (
-        "ProcessGroupNCCL's heartbeat monitor lines `[rank1]:[E ProcessGroupNCCL.cpp:1316] [PG 2 Rank 1] Heartbeat "
-        "monitor timed out! ... workMetaList_.size()=138` and `[F ...] ProcessGroupNCCL's watchdog got stuck for 600 "
-        "seconds without making progress in monitoring enqueued collectives` are not in the vocabulary (only "
-        "`Watchdog caught collective operation timeout` is), so a watchdog hang with collectives in flight gives no verdict"
-    ),
     "quoted-ray-nccl-watchdog-init-allreduce-gptq-3090-tp4": (
         "the watchdog timeouts `WorkNCCL(SeqNum=49, OpType=ALLREDUCE, NumelIn=268435456, ...)` (rank 1 at SeqNum=48) "
         "carry no start-up marker and no ready or serving line, so they are read as an engine hang; the expected "
         'startup-hang rests on the thread ("Hanging on Initializing") and telling an early start-up collective (a '
         "profile run) from a serving one needs more than the input holds (nccl-watchdog-v0-pipe-prefix, SeqNum=2, "
         "is engine-hang)"
-    ),
-    "ray-nccl-watchdog-first-allreduce-3090-tp4-startup": (
-        "a watchdog timeout on the process group's very first collective `WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
-        "NumelIn=1, ...)` (vLLM's one-element warm-up all-reduce after init_process_group: nothing ever completed, "
-        "so no request was ever served) is read as an engine hang instead of a start-up hang"
-    ),
-    "shell-illegal-instruction-ipex-vllm-cpu-xeon-v2": (
-        "bash's job report `start-vllm-service.sh: line 18:  1669 Illegal instruction     (core dumped) python -m ...` "
-        "is not matched: bash right-aligns the pid in a 5-wide field, and the shell-job-signal row allows only one "
-        "space between `line 18:` and a pid of fewer than 5 digits"
-    ),
-    "v0-engine-process-died-mqllmengine-dead-500": (
-        "the V0 MQLLMEngine client's `ERROR ... client.py:300] RuntimeError('Engine process (pid 76) died.')` (an "
-        "exception's repr, not a `RuntimeError: ...` line) and the launcher's `CRITICAL ... MQLLMEngine is already "
-        "dead, terminating server process` are not read as the engine process's death (as `Engine core proc ... "
-        "died unexpectedly` is for V1)"
-    ),
-    "v0-gloo-barrier-application-timeout-mqllmengine-init": (
-        "gloo's barrier timeout `RuntimeError: Application timeout caused pair closure` (frame `in barrier`, under "
-        "`MQLLMEngine.from_engine_args`: start-up) is read as a generic exception and then demoted below the worker "
-        "death logged after it, `Worker VllmWorkerProcess pid 348 died, exit code: -15`, which is vLLM's own "
-        "SIGTERM teardown (`Killing local vLLM worker processes`); a collective timeout during start-up is a start-up hang"
-    ),
-    "v0-worker-dynamo-compile-ld-failure-collect2-qwq": (
-        "the worker's logged TorchDynamo epilogue `(VllmWorkerProcess pid=323389) ERROR ... You can suppress this "
-        "exception and fall back to eager by setting:` (its exception line above the excerpt) is not read as "
-        "that worker's exception, and the linker's `collect2: error: ld returned 1 exit status` is not read as a "
-        "kernel build failure; the driver's `Exception in thread Thread-1:` traceback ends before its exception line"
     ),
 }
 

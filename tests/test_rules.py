@@ -115,6 +115,17 @@ def test_launcher_stop_kill_demotes_a_kill_report_read_after_a_vllm_death() -> N
     assert _run("launcher-stop-kill", [kill]) == []
 
 
+def test_worker_terminated_in_teardown_demotes_sigterm_reports_from_a_failure_on() -> None:
+    # V0: the barrier's timeout, then the worker monitor's report of the worker vLLM terminated
+    timeout = _ev("gloo-timeout", 1, sec=6)
+    term = _ev("worker-died-v0", 2, sec=6, extra={"exit_code": "-15"})
+    abort = _ev("worker-died-v0", 3, sec=6, extra={"exit_code": "-6"})
+    before = _ev("worker-died-v0", 4, sec=2, extra={"exit_code": "-15"})
+    assert _run("worker-terminated-in-teardown", [timeout, term, abort, before]) == [term]
+    # a SIGTERM report with no other failure stays a candidate (someone stopped the worker)
+    assert _run("worker-terminated-in-teardown", [term]) == []
+
+
 def test_deaths_after_hang_detection_demotes_live_deaths_from_its_second_on() -> None:
     hang = _ev("rpc-timeout", 1, sec=10)
     same = _ev("process-killed-by-signal", 2, sec=10, source="process", extra={"signal": "SIGKILL"})

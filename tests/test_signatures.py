@@ -375,3 +375,104 @@ def test_native_crash_frames_name_the_crashing_library(tmp_path, frames: str, ca
     p = tmp_path / "input.log"
     p.write_text(_TVM_DUMP + frames)
     assert diagnose_files([p]).cause == cause
+
+
+@pytest.mark.parametrize(
+    ("line", "row"),
+    [
+        # glibc assert/assert.c __assert_fail_base: "prog: file:line: function: Assertion `expr' failed."
+        (
+            "python3: ../src/graph.cpp:120: void build(int): Assertion `n > 0' failed.",
+            "c-assertion-failed",
+        ),
+        # SYCL device assert (llama.cpp SYCL backend test log): the work-item ids before "Assertion"
+        (
+            "norm.cpp:11: void norm_f32(const float *, float *, const int, const float, const sycl::nd_item<3> &, "
+            "sycl::float2 *, int): global id: [0,0,0], local id: [0,0,0] Assertion `nwarps % WARP_SIZE == 0` failed.",
+            "c-assertion-failed",
+        ),
+        # a grep -n line number before a CUDA device assert (the line starts with "14633:/pytorch/...")
+        (
+            "14633:/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: block: "
+            '[27,0,0], thread: [185,0,0] Assertion `ind >=0 && ind < ind_dim_size && "index out of bounds"` failed.',
+            "c-assertion-failed",
+        ),
+        ("AssertionError: Assertion `x' failed.", None),  # no file:line: head, not the C format
+        # bash prints the pid of a non-interactive job right-aligned in 5 columns ("%5ld")
+        (
+            "start-vllm-service.sh: line 18:  1669 Illegal instruction     (core dumped) python -m vllm",
+            "shell-job-signal",
+        ),
+        ("./run.sh: line 3:   912 Killed                  python3 serve.py", "shell-job-signal"),
+        # PyTorch's CUDA error tail: the error name decides (out of memory is device-oom)
+        (
+            "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+            "group__CUDART__TYPES.html for more information.",
+            "torch-out-of-memory",
+        ),
+        (
+            "(Worker_TP1 pid=15193) ERROR 05-08 19:06:38 [multiproc_executor.py:962] Search for "
+            "`cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+            "group__CUDART__TYPES.html for more information.",
+            "gpu-runtime-error-tail",
+        ),
+        # the heartbeat monitor's exit message of other ProcessGroup backends (XCCL for XPU)
+        (
+            "[rank0]:[E ProcessGroupXCCL.cpp:700] ProcessGroupXCCL's watchdog got stuck for 480 seconds without "
+            "making progress in monitoring enqueued collectives.",
+            "pg-heartbeat-monitor-timeout",
+        ),
+        # amdgpu's whole-GPU reset record (nv.c nv_asic_reset) and the amdgpu_device_mode1_reset record
+        ("[  308.545396] amdgpu 0000:30:00.0: amdgpu: MODE2 reset", "amdgpu-asic-reset"),
+        (
+            "dec 11 01:44:14 host kernel: amdgpu 0000:0a:00.0: amdgpu: GPU smu mode1 reset",
+            "amdgpu-asic-reset",
+        ),
+        # the watchdog on a group's first collective (start-up) and on a later one
+        (
+            "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600059 milliseconds",
+            "pg-watchdog-timeout-first-collective",
+        ),
+        (
+            "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600059 milliseconds",
+            "pg-watchdog-timeout",
+        ),
+        # gloo's own timeout (unbound_buffer.cc) and the pair closure it signals to the other operations
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete",
+            "gloo-timeout",
+        ),
+        # a graph-capture bar without vLLM's prefix, and prose that names the capture without a bar
+        (
+            "Capturing CUDA graph shapes: 100%|██████████| 35/35 [00:12<00:00,  2.81it/s]",
+            "ms-graph-capture-bar",
+        ),
+        ("Capturing CUDA graphs takes a while on this GPU", None),
+        # a start-up frame on a traceback's stack; the serving loop's frame is not one
+        (
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 83, in __init__',
+            "ms-engine-init-frame",
+        ),
+        (
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 700, in run_busy_loop',
+            None,
+        ),
+        # i915's fence timeout on a kernel context (timeline = the device, no comm[pid])
+        (
+            "[284083.655827] Fence expiration time out i915-0000:00:02.0:0000:00:02.0:554!",
+            "i915-fence-expiration",
+        ),
+    ],
+)
+def test_native_assert_gpu_reset_and_error_tail_shapes(line: str, row: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+
+
+def test_fence_expiration_names_the_process_of_the_request() -> None:
+    ev = parse_line("kernel: Fence expiration time out i915-0000:03:00.0:server[5816]:14c!")
+    got = TABLE.match(ev, in_traceback=False)
+    assert got is not None and got[0].id == "i915-fence-expiration"
+    assert got[1].group("comm", "pid", "device") == ("server", "5816", "0000:03:00.0")

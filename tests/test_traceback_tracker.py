@@ -65,3 +65,55 @@ def test_a_quiet_stream_is_closed() -> None:
     for i in range(256):
         tr.expire(2000 + i)
     assert tr.streams == {}
+
+
+def test_a_native_frame_has_no_source_line() -> None:
+    # tvm-ffi's crash handler prints C frames in Python's frame shape with line 0: the line after
+    # one is the next frame or the process's next output, never the frame's source
+    tr = TracebackTracker()
+    got = _read(
+        tr,
+        [
+            "!!!!!!! Segfault encountered !!!!!!!",
+            '  File "<unknown>", line 0, in 0xffffffffffffffff',
+            "Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor.",
+        ],
+    )
+    assert got[1][2] is TbState.FRAMES
+    assert got[2][0] is Step.CLASSIFY  # read, not skipped as code
+    tr = TracebackTracker()
+    walked = _read(
+        tr,
+        [
+            "Traceback (most recent call last):",
+            '  File "<unknown>", line 0, in 0x7f3a2b1c',
+            '  File "/usr/lib/python3.12/site-packages/vllm/worker.py", line 12, in run',
+            "    self.step()",
+            "RuntimeError: boom",
+        ],
+    )
+    assert [s for _, _, s in walked] == [
+        TbState.FRAMES,
+        TbState.FRAMES,
+        TbState.SOURCE,
+        TbState.FRAMES,
+        TbState.EXCEPTION,
+    ]
+
+
+def test_the_engine_core_s_wait_on_its_workers_is_a_wait_frame() -> None:
+    # collective_rpc's call of get_response (multiproc_executor.py), as dequeue's own line
+    for source in (
+        "    result = get_response(w, dequeue_timeout)",
+        "    status, result = mq.dequeue(timeout=t)",
+    ):
+        tr = TracebackTracker()
+        got = _read(
+            tr,
+            [
+                "Traceback (most recent call last):",
+                '  File "/usr/lib/python3.12/site-packages/vllm/v1/executor/multiproc_executor.py", line 220, in collective_rpc',
+                source,
+            ],
+        )
+        assert got[2][0] is Step.WAIT_FRAME, source

@@ -135,6 +135,13 @@ _MID_PREFIX_RE = re.compile(
     r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
 )
 _PREFIX_ONLY_RE = re.compile(r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\)")
+# a launcher that relays its child's output behind its own level and source tags, each one word in
+# brackets or parentheses ("[Error] (Process) " from Lemonade server) after its stamp, before vLLM's
+# process prefix
+_RELAY_TAGS_RE = re.compile(
+    r"(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? )?(?:[\[(][A-Za-z]\w*[\])] ){1,3}"
+    r"(?=\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+)"
+)
 # oneCCL lines whose stamp was cut off or never printed ("|CCL_WARN| msg", "CCL_ERROR| msg",
 # "CCL_WARN msg" as people quote them)
 _CCL_BARE_RE = re.compile(r"\|?(CCL_(?:ERROR|WARN|INFO|DEBUG|TRACE|FATAL))(?:\| ?| )")
@@ -557,6 +564,21 @@ def _strip_gutter(ln: _Line) -> Event | None:
     return None
 
 
+_PANE_EDGES = ("\u2502", "\u2503")  # box drawings light / heavy vertical
+
+
+def _strip_pane_border(ln: _Line) -> Event | None:
+    """A terminal UI's pane border around the line: k9s's log view (and other TUIs drawn with
+    box-drawing characters) frames each line as "│ <line><padding to the pane width>│"."""
+    t = ln.text
+    if t[0] in _PANE_EDGES:
+        t = t[1:].rstrip()
+        if t.endswith(_PANE_EDGES):
+            t = t[:-1].rstrip()
+        ln.text = t[1:] if t[:1] == " " else t
+    return None
+
+
 def _strip_quote(ln: _Line) -> Event | None:
     """A markdown quote or inline code around the line (a report's paste)."""
     if ln.text[0] in (">", "`"):
@@ -720,6 +742,7 @@ _STRIPPERS = (
     _strip_iso_stamp,
     _strip_compose,
     _strip_shipped_quote,
+    _strip_pane_border,
     _strip_json_field,
     _strip_syslog,
     _strip_bare_kernel,
@@ -904,9 +927,9 @@ def _tail_record(ln: _Line, name: str | None, pid: int | None) -> Event:
 def _kernel_tail(ln: _Line, text: str) -> Event | None:
     if "pid=" in text:
         # a progress bar or other output without a newline before a prefixed vLLM line
-        m = _MID_PREFIX_RE.search(text)
+        m = _MID_PREFIX_RE.search(text) or _RELAY_TAGS_RE.match(text)
         if m:
-            return _parse_line(text[m.start() :], ln.file, ln.lineno)
+            return _parse_line(text[m.end() if m.re is _RELAY_TAGS_RE else m.start() :], ln.file, ln.lineno)
     if ln.wrap_time is None:
         # kernel records quoted without their stamp, also indented in a hand-written report
         # ("  xe 0000:04:00.0: [drm] Tile0: GT0: Engine memory CAT error ...")

@@ -26,6 +26,10 @@ EXC_LINE_RE = re.compile(
 )
 _HEADER = "Traceback (most recent call last)"
 _CHAINED = ("During handling", "The above exception")
+# a native frame in a Python-style dump (tvm-ffi's and other native crash handlers print C frames
+# as `File "<unknown>", line 0, in 0x7f...`): no source line follows it, as CPython's
+# traceback.StackSummary.format prints one only when linecache finds the file's line (never line 0)
+_NATIVE_FRAME_RE = re.compile(r'File "<unknown>", line 0\b|File "[^"]*", line 0,')
 _QUIET_AFTER = 512  # classified lines after which a silent stream's traceback is closed
 _CHECK_EVERY = 256
 
@@ -119,7 +123,7 @@ class TracebackTracker:
         if ls[:1] in ("F", "^", "~"):
             if ls.startswith('File "') and ", line " in text:
                 # a paste that starts inside a traceback (its header cut off): frames open one
-                self.streams[key] = Stream(TbState.SOURCE, order, order)
+                self.streams[key] = Stream(_after_frame(ls), order, order)
                 return Read(Step.CLASSIFY, False, order)
             if "^" in ls and not ls.rstrip().strip("^~"):
                 # ... or at the caret marks under a frame's source line (Python 3.11+ prints them
@@ -142,7 +146,7 @@ class TracebackTracker:
         st.state = TbState.FRAMES
         stripped = ev.text.strip()
         if not EXC_LINE_RE.match(stripped):
-            if "mq.dequeue(" in stripped:
+            if "mq.dequeue(" in stripped or "get_response(w, dequeue_timeout" in stripped:
                 # ... except the EngineCore's wait on its workers' response queue (signatures.yaml
                 # worker-response-dequeue-frame): on the stack only when the exception came from
                 # inside the wait, it is the trace of a hang in an excerpt cut before the exception
@@ -159,7 +163,7 @@ class TracebackTracker:
         text = ev.text
         stripped = text.strip()
         if stripped.startswith("File "):
-            st.state = TbState.SOURCE
+            st.state = _after_frame(stripped)
             self.last_frame[st.group] = stripped
             if len(self.last_frame) > 4096:
                 del self.last_frame[next(iter(self.last_frame))]
@@ -177,3 +181,8 @@ class TracebackTracker:
         # shape); classify it as the exception line, then close
         del self.streams[key]
         return Read(Step.CLASSIFY, True, st.group)
+
+
+def _after_frame(frame: str) -> TbState:
+    """The state after a frame line: its source line comes next, except after a native frame."""
+    return TbState.FRAMES if _NATIVE_FRAME_RE.search(frame) else TbState.SOURCE
