@@ -222,7 +222,7 @@ class Analyzer(VerdictMixin):
         # blocks left before the next try after blocks whose " pid=" lines were not all known
         self._blockscan = BlockScan(self._triggers) if self._ac is not None else None
         self._active: list[tuple[str, int | None]] = []
-        self._scan_backoff = 0
+        self._scan_backoff = self._scan_misses = 0
         self._stats_sig = self.table.by_id.get(self._row["stats_line"])
         self._prefix_seen: dict[str, int | None] = {}
         # (text, pid, time) of classified lines -> {file: times seen}: the same line read from two
@@ -363,8 +363,13 @@ class Analyzer(VerdictMixin):
         keys = usable_keys(seen)
         last = explain_pids(text, keys)
         if last is None:
-            self._scan_backoff = 8
+            # the loop learns the new prefixes; when blocks keep bringing new ones (a stamp before
+            # each prefix), stop counting for a while
+            self._scan_misses += 1
+            if self._scan_misses >= 3:
+                self._scan_misses, self._scan_backoff = 0, 16
             return None
+        self._scan_misses = 0
         self._active = [keys[i] for i in sorted(last)]
         return self._active, {j: last[i] for j, i in enumerate(sorted(last))}
 
@@ -388,13 +393,13 @@ class Analyzer(VerdictMixin):
         stats = self._quiet_stats(text, stats_at)
         if stats is None:
             return None
-        nl = text.count("\n")
-        last_lineno = first + nl
         cur, at = first, 0
         for ls, le, m in stats:
             cur += text.count("\n", at, ls)
             at = ls
             self._stats(m, (text[ls:le], file, cur), None)
+        last_lineno = cur + text.count("\n", at)
+        nl = last_lineno - first
         starts = {ls for ls, _, _ in stats}
         self._quiet_pids(text, file, last_lineno, keys, last, starts)
         self._last_line[file] = text[text.rfind("\n") + 1 :][:MAX_LINE]
