@@ -85,3 +85,15 @@ def test_block_starting_inside_a_traceback_takes_the_loop() -> None:
     n = blk.feed_block("\n".join(head), "f", 1)
     blk.feed_block("\n".join(tail), "f", n + 1)
     assert _state(blk) == _state(one)
+
+
+def test_quiet_block_sees_the_first_answered_request() -> None:
+    api = "(APIServer pid=2406) INFO 04-14 22:34:45 [chat_utils.py:560] Detected the chat template content format."
+    worker = [HEALTHY[1], HEALTHY[2], HEALTHY[6], api]
+    head, tail = worker * 5, [*worker * 5, '(APIServer pid=2406) INFO:     10.0.0.2:1 - "GET /v1/models HTTP/1.1" 200 OK']
+    one, blk = Analyzer(), Analyzer()
+    one.feed_lines(head + tail, "f")
+    n = blk.feed_block("\n".join(head), "f", 1)
+    assert not blk.ready
+    assert blk._quiet_block("\n".join(tail), "f", n + 1, []) == len(tail)
+    assert blk.ready and one.ready
