@@ -394,10 +394,10 @@ class Analyzer(VerdictMixin):
         if stats is None:
             return None
         cur, at = first, 0
-        for ls, le, m in stats:
+        for ls, line, m in stats:
             cur += text.count("\n", at, ls)
             at = ls
-            self._stats(m, (text[ls:le], file, cur), None)
+            self._stats(m, (line, file, cur), None)
         last_lineno = cur + text.count("\n", at)
         nl = last_lineno - first
         starts = {ls for ls, _, _ in stats}
@@ -410,10 +410,10 @@ class Analyzer(VerdictMixin):
         return nl + 1
 
     @staticmethod
-    def _quiet_stats(text: str, hits: list[int]) -> list[tuple[int, int, re.Match[str]]] | None:
-        """(line start, line end, numbers) of each stats line of the block, in order; None when a
+    def _quiet_stats(text: str, hits: list[int]) -> list[tuple[int, str, re.Match[str]]] | None:
+        """(line start, line, numbers) of each stats line of the block, in order; None when a
         line holding the stats keyword is not a clean stats line (the per-line loop reads it)."""
-        out: list[tuple[int, int, re.Match[str]]] = []
+        out: list[tuple[int, str, re.Match[str]]] = []
         prev = -1
         for sp in hits:
             ls = text.rfind("\n", 0, sp) + 1
@@ -426,9 +426,10 @@ class Analyzer(VerdictMixin):
             m = _STATS_AT.match(text, sp)
             if le - ls > MAX_LINE or m is None or m.end() > le:
                 return None
-            if record_header_after(text[ls:le], m.end() - ls):
+            line = text[ls:le]
+            if record_header_after(line, m.end() - ls):
                 return None
-            out.append((ls, le, m))
+            out.append((ls, line, m))
         return out
 
     def _quiet_pids(
