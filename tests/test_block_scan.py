@@ -34,6 +34,20 @@ def _log(case: Path) -> list[str]:
     return [*filler, *case.read_text(encoding="utf-8", errors="replace").split("\n"), *filler, *filler]
 
 
+def _count_quiet(an: Analyzer) -> list[int]:
+    """[number of blocks read from the scan alone], kept up to date while `an` is fed."""
+    n = [0]
+    real = an._quiet_block
+
+    def spy(*a: Any) -> int | None:
+        got = real(*a)
+        n[0] += got is not None
+        return got
+
+    an._quiet_block = spy  # type: ignore[method-assign]
+    return n
+
+
 def _state(an: Analyzer) -> dict[str, Any]:
     return {
         "contract": an.incident().to_contract(),
@@ -54,22 +68,13 @@ def test_blocks_read_as_lines(case: Path, block: int) -> None:
     one = Analyzer()
     one.feed_lines(lines, "vllm.log")
     blk = Analyzer()
-    quiet = 0
-    real = blk._quiet_block
-
-    def spy(*a: Any) -> int | None:
-        nonlocal quiet
-        n = real(*a)
-        quiet += n is not None
-        return n
-
-    blk._quiet_block = spy  # type: ignore[method-assign]
+    quiet = _count_quiet(blk)
     at = 0
     while at < len(lines):
         at += blk.feed_block("\n".join(lines[at : at + block]), "vllm.log", at + 1)
     assert _state(blk) == _state(one)
     if block == 64 and len(lines) < 1000:
-        assert quiet >= 2  # the healthy stretches were read from the scan alone
+        assert quiet[0] >= 2  # the healthy stretches were read from the scan alone
 
 
 def test_block_starting_inside_a_traceback_takes_the_loop() -> None:
@@ -97,3 +102,18 @@ def test_quiet_block_sees_the_first_answered_request() -> None:
     assert not blk.ready
     assert blk._quiet_block("\n".join(tail), "f", n + 1, []) == len(tail)
     assert blk.ready and one.ready
+
+
+def test_quiet_block_of_text_beyond_ascii() -> None:
+    # a non-ASCII block is scanned as text (offsets in characters), an ASCII one as bytes
+    named = "(Worker_TP1 pid=7987) INFO 03-26 04:15:14 [utils.py:61] modèle chargé: Qwen3 量化"
+    lines = [*HEALTHY * 8, named, *HEALTHY * 8, named, HEALTHY[5]]
+    one, blk = Analyzer(), Analyzer()
+    one.feed_lines(lines * 3, "f")
+    quiet = _count_quiet(blk)
+    at = 0
+    for _ in range(3):
+        at += blk.feed_block("\n".join(lines), "f", at + 1)
+    assert _state(blk) == _state(one)
+    assert blk.pid_last_raw[7987][0] == named
+    assert quiet == [2]  # the blocks after the first (which learns the prefixes)
