@@ -9,7 +9,10 @@ Baseline in the same process: a plain `for line in file` read loop (lines/s). "O
 analysis is single-threaded; lines per CPU-second is the figure that does not depend on what else
 the machine runs (wall-clock lines/s is printed too).
 
-Usage: python bench/bench_diagnose.py [--lines 1000000] [--keep DIR]
+The "realistic" mix (`--mix realistic`, also run by default) is a healthy busy server's log of
+the same lines with one incident in the middle: what `diagnose` of a long production log reads.
+
+Usage: python bench/bench_diagnose.py [--lines 1000000] [--runs 3] [--mix mixed|realistic|both] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -40,12 +43,18 @@ def fixture_lines() -> list[str]:
     return lines
 
 
-def make_log(path: Path, n: int) -> None:
+INCIDENT = CASES / "b70-worker0-died-ccl" / "input.log"
+
+
+def make_log(path: Path, n: int, mix: str = "mixed") -> None:
     """A mixed log of n lines. Per 20 lines: 1 line taken in turn from the fixture cases (crashes,
     tracebacks, oneCCL errors, kernel records, start-up lines), 1 periodic stats line, and 18
     lines of a busy healthy server (uvicorn access lines with and without prefix, worker INFO
-    lines, kernel records that match no signature)."""
+    lines, kernel records that match no signature). `mix` "realistic": the same healthy server
+    without the fixture lines, and one incident (a worker's death and oneCCL's teardown errors:
+    the b70-worker0-died-ccl case) in the middle."""
     src = fixture_lines()
+    incident = INCIDENT.read_text(encoding="utf-8").splitlines() if mix == "realistic" else []
     stats = (
         "(APIServer pid=2406) INFO 04-14 22:34:43 [loggers.py:257] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
         "Avg generation throughput: 47.0 tokens/s, Running: 2 reqs, Waiting: 0 reqs, GPU KV cache usage: 14.3%, "
@@ -66,7 +75,9 @@ def make_log(path: Path, n: int) -> None:
         k = 0
         for i in range(n):
             r = i % 20
-            if r == 19:
+            if incident and i == n // 2:
+                f.write("\n".join(incident) + "\n")
+            if r == 19 and not incident:
                 f.write(src[k % len(src)] + "\n")
                 k += 1
             elif r == 9:
@@ -106,25 +117,15 @@ def child(path: str) -> None:
     )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lines", type=int, default=1_000_000)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--keep", help="directory to keep the generated logs in")
-    ap.add_argument("--runs", type=int, default=3, help="runs per size (fresh process each); median printed")
-    a = ap.parse_args()
-    if a.child:
-        child(a.child)
-        return 0
-    tmp = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="xpu-bench-"))
-    tmp.mkdir(parents=True, exist_ok=True)
+def run_mix(tmp: Path, mix: str, lines: int, runs_per: int) -> None:
+    """Time `diagnose` on the `mix` log at `lines` and 2 x `lines` lines; print the medians."""
     results = []
-    for n in (a.lines, 2 * a.lines):
-        p = tmp / f"mixed-{n}.log"
+    for n in (lines, 2 * lines):
+        p = tmp / f"{mix}-{n}.log"
         if not p.exists():
-            make_log(p, n)
+            make_log(p, n, mix)
         runs = []
-        for _ in range(max(1, a.runs)):
+        for _ in range(max(1, runs_per)):
             out = subprocess.run(
                 [sys.executable, __file__, "--child", str(p)],
                 capture_output=True,
@@ -138,14 +139,31 @@ def main() -> int:
         r["bytes"] = p.stat().st_size
         results.append(r)
         print(
-            f"{n:>9} lines {r['bytes'] / 1e6:7.1f} MB, median of {len(runs)}: "
+            f"{mix:>9} {n:>9} lines {r['bytes'] / 1e6:7.1f} MB, median of {len(runs)}: "
             f"{r['lines_per_cpu_s']:>10,.0f} lines per CPU-second, {r['lines_per_s']:>10,.0f} lines/s wall "
             f"({r['seconds']:.2f} s; plain read loop {r['read_lines_per_s']:,.0f} lines/s, "
             f"ratio {r['lines_per_s'] / r['read_lines_per_s']:.3f}), peak RSS {r['peak_rss_bytes'] / 2**20:.1f} MiB,"
             f" cause {r['cause']}"
         )
     ratio = results[1]["peak_rss_bytes"] / results[0]["peak_rss_bytes"]
-    print(f"peak RSS ratio {2 * a.lines}/{a.lines} lines: {ratio:.2f} (1.0 = memory independent of size)")
+    print(f"{mix:>9} peak RSS ratio {2 * lines}/{lines} lines: {ratio:.2f} (1.0 = memory independent of size)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--keep", help="directory to keep the generated logs in")
+    ap.add_argument("--runs", type=int, default=3, help="runs per size (fresh process each); median printed")
+    ap.add_argument("--mix", choices=("mixed", "realistic", "both"), default="both")
+    a = ap.parse_args()
+    if a.child:
+        child(a.child)
+        return 0
+    tmp = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="xpu-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    for mix in ("mixed", "realistic") if a.mix == "both" else (a.mix,):
+        run_mix(tmp, mix, a.lines, a.runs)
     if not a.keep:
         for p in tmp.glob("*.log"):
             p.unlink()

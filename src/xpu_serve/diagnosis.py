@@ -33,13 +33,12 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import re
-from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
+from xpu_serve.analysis.blockscan import BlockScan, explain_pids, usable_keys
 from xpu_serve.analysis.contract import PHASES, TIMELINE_MAX
 from xpu_serve.analysis.deaths import death_signal, normalize_process
 from xpu_serve.analysis.incident import Incident
@@ -159,6 +158,21 @@ _REQUEST_HANDLER_LOC_RE = re.compile(r"serving(?:_\w+)?\.py:")
 _INDENT_FIRST = frozenset(" \t0123456789")
 
 
+def _http_ok(text: str) -> bool:
+    """A line of `text` holds " HTTP/" and '" 200' (an answered request: the server is up)."""
+    i = text.find(" HTTP/")
+    while i >= 0:
+        ls = text.rfind("\n", 0, i) + 1
+        le = text.find("\n", i)
+        line = (text[ls:] if le < 0 else text[ls:le])[:MAX_LINE]
+        if " HTTP/" in line and '" 200' in line:
+            return True
+        if le < 0:
+            return False
+        i = text.find(" HTTP/", le)
+    return False
+
+
 def _indented(line: str) -> bool:
     """An indented line, also behind a `docker logs -t` stamp (a kernel record's continuation)."""
     return line[:1] in (" ", "\t") or (line[:1].isdigit() and "Z  " in line[:40])
@@ -197,12 +211,18 @@ class Analyzer(VerdictMixin):
         self._native_seen: set[tuple[tuple[str, int | None], int]] = set()  # dumps whose first frame was read
         # fast path: a line is parsed only when it contains a keyword of the table (or a trigger
         # below), belongs to an open traceback, or continues a kernel record
-        self._ac: Any = self.table.trigger_automaton(
+        triggers = (
             # "^^^": Python 3.11+ position marks under a frame's source; a paste that starts at them
             # (its header and frame line cut off) opens a traceback there (see _ingest)
-            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^"),
-            skip_roles=("context",),
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^")
         )
+        self._ac: Any = self.table.trigger_automaton(triggers, skip_roles=("context",))
+        self._triggers = tuple(self.table.trigger_keywords(triggers, skip_roles=("context",)))
+        # the block scan (feed_block), the process prefixes of the last quiet block, and the
+        # blocks left before the next try after blocks whose " pid=" lines were not all known
+        self._blockscan = BlockScan(self._triggers) if self._ac is not None else None
+        self._active: list[tuple[str, int | None]] = []
+        self._scan_backoff = self._scan_misses = 0
         self._stats_sig = self.table.by_id.get(self._row["stats_line"])
         self._prefix_seen: dict[str, int | None] = {}
         # (text, pid, time) of classified lines -> {file: times seen}: the same line read from two
@@ -309,21 +329,136 @@ class Analyzer(VerdictMixin):
 
     def feed_block(self, text: str, file: str, first_lineno: int = 1) -> int:
         """Feed a block of complete lines ("\n"-separated, no trailing newline) of one file;
-        returns the number of lines. Same result as `feed_line` per line, much faster: the keyword
-        automaton runs once over the whole block (its per-call cost dominates short lines), so only
-        lines holding a keyword take the slow path."""
-        lines = text.split("\n")
+        returns the number of lines. Same result as `feed_line` per line, much faster: one pass of
+        the block scan (analysis/blockscan.py) finds the lines that can match a row; a block with
+        none but stats lines is read from the scan alone (`_quiet_block`), any other takes the
+        per-line loop with those lines marked."""
         if self._ac is None:
+            lines = text.split("\n")
             self.feed_lines(lines, file, first_lineno)
             return len(lines)
-        hit: set[int] = set()
-        found = self._ac.find_matches_as_indexes(text)
-        if found:
-            starts = list(accumulate((len(x) + 1 for x in lines), initial=0))
-            for _, start, _ in found:
-                hit.add(bisect_right(starts, start) - 1)
-        self.feed_lines(lines, file, first_lineno, hit)
+        bs = self._blockscan
+        assert bs is not None
+        sc = bs.scan(text)
+        if sc.quiet:
+            n = self._quiet_block(text, file, first_lineno, sc.stats)
+            if n is not None:
+                return n
+        lines = text.split("\n")
+        self.feed_lines(lines, file, first_lineno, bs.trigger_lines(sc, lines))
         return len(lines)
+
+    def _known_pids(self, text: str) -> tuple[list[tuple[str, int | None]], dict[int, int]] | None:
+        """The process prefixes of `text` and the start of each one's last line, when every
+        " pid=" of it lies in a prefix already learned (see blockscan.explain_pids)."""
+        seen = self._prefix_seen
+        keys = self._active
+        if keys and all(seen.get(k, -1) == p for k, p in keys):
+            last = explain_pids(text, keys)
+            if last is not None:
+                return keys, last
+        if self._scan_backoff > 0:
+            self._scan_backoff -= 1
+            return None
+        keys = usable_keys(seen)
+        last = explain_pids(text, keys)
+        if last is None:
+            # the loop learns the new prefixes; when blocks keep bringing new ones (a stamp before
+            # each prefix), stop counting for a while
+            self._scan_misses += 1
+            if self._scan_misses >= 3:
+                self._scan_misses, self._scan_backoff = 0, 16
+            return None
+        self._scan_misses = 0
+        self._active = [keys[i] for i in sorted(last)]
+        return self._active, {j: last[i] for j, i in enumerate(sorted(last))}
+
+    def _quiet_block(self, text: str, file: str, first: int, stats_at: list[int]) -> int | None:
+        """Feed a block whose scan found nothing to classify: the per-line loop's state (stats,
+        the last line of the file and of each process, `ready`, counts) is set from the scan.
+        None (nothing changed) when a line of it still needs the loop: an open traceback or
+        crash dump of this file, a kernel record that may continue, a stats line that is not one."""
+        if self._stats_sig is None or file in self._frame_until:
+            return None
+        lk = self._last_kernel.get(file)
+        if lk is not None and lk[0] == first - 1:
+            return None
+        known = self._known_pids(text)
+        if known is None:
+            return None
+        keys, last = known
+        pids = {keys[k][1] for k in last}
+        if any(f == file and (p is None or p in pids) for f, p in self._tb):
+            return None
+        stats = self._quiet_stats(text, stats_at)
+        if stats is None:
+            return None
+        cur, at = first, 0
+        for ls, line, m in stats:
+            cur += text.count("\n", at, ls)
+            at = ls
+            self._stats(m, (line, file, cur), None)
+        last_lineno = cur + text.count("\n", at)
+        nl = last_lineno - first
+        starts = {ls for ls, _, _ in stats}
+        self._quiet_pids(text, file, last_lineno, keys, last, starts)
+        self._last_line[file] = text[text.rfind("\n") + 1 :][:MAX_LINE]
+        if not self.ready and _http_ok(text):
+            self.ready = True
+        self.lines += nl + 1
+        self._lineno[file] = last_lineno
+        return nl + 1
+
+    @staticmethod
+    def _quiet_stats(text: str, hits: list[int]) -> list[tuple[int, str, re.Match[str]]] | None:
+        """(line start, line, numbers) of each stats line of the block, in order; None when a
+        line holding the stats keyword is not a clean stats line (the per-line loop reads it)."""
+        out: list[tuple[int, str, re.Match[str]]] = []
+        prev = -1
+        for sp in hits:
+            ls = text.rfind("\n", 0, sp) + 1
+            if ls == prev:
+                continue  # the keyword twice in a line: the loop reads the first
+            prev = ls
+            le = text.find("\n", sp)
+            if le < 0:
+                le = len(text)
+            m = _STATS_AT.match(text, sp)
+            if le - ls > MAX_LINE or m is None or m.end() > le:
+                return None
+            line = text[ls:le]
+            if record_header_after(line, m.end() - ls):
+                return None
+            out.append((ls, line, m))
+        return out
+
+    def _quiet_pids(
+        self,
+        text: str,
+        file: str,
+        last_lineno: int,
+        keys: list[tuple[str, int | None]],
+        last: dict[int, int],
+        stats: set[int],
+    ) -> None:
+        """The last line of each process in the block (the per-line loop's `pid_last_raw`; a
+        stats line does not count, as in the loop)."""
+        best: dict[int, int] = {}
+        for k, ls in last.items():
+            key, pid = keys[k]
+            if pid is None:
+                continue
+            while ls in stats:  # the loop keeps the process's line before its stats line
+                j = text.rfind("\n" + key, 0, ls - 1 if ls else 0)
+                ls = j + 1 if j >= 0 else (0 if ls and text.startswith(key) else -1)
+                if ls < 0:
+                    break
+            if ls >= 0 and ls >= best.get(pid, -1):
+                best[pid] = ls
+        for pid, ls in best.items():
+            le = text.find("\n", ls)
+            line = text[ls:] if le < 0 else text[ls:le]
+            self.pid_last_raw[pid] = (line[:MAX_LINE], file, last_lineno - text.count("\n", ls))
 
     def feed_lines(
         self, lines: Iterable[str], file: str, first_lineno: int = 1, hits: set[int] | None = None

@@ -218,8 +218,13 @@ class SignatureTable:
         none of them cannot match a keyword row."""
         if ahocorasick_rs is None:
             return None
+        return ahocorasick_rs.AhoCorasick(self.trigger_keywords(extra, skip_roles))
+
+    def trigger_keywords(self, extra: tuple[str, ...] = (), skip_roles: tuple[str, ...] = ()) -> list[str]:
+        """The patterns of `trigger_automaton`: every keyword of rows whose role is not in
+        `skip_roles`, then `extra`."""
         kws = [k for k, rows in self._kw_rows.items() if any(r.role not in skip_roles for r in rows)]
-        return ahocorasick_rs.AhoCorasick(kws + list(extra))
+        return kws + list(extra)
 
     def candidates(self, ev: Event, in_traceback: bool = False) -> list[Signature]:
         """Rows whose pre-filter passes for this event, in table order."""
