@@ -2,14 +2,38 @@
 
 Live sources build these so that the one analysis (`diagnosis.py`) sees process exits, hangs,
 health failures and start-up stalls exactly like log lines: the signature table has a row for
-each text shape below (source "process", "health" or "supervisor").
+each text shape below (source "process", "health" or "supervisor"). The trigger (why the
+supervisor declared the incarnation failed) is a fact too (`trigger`): the analysis reads it to
+complete the verdict (`analysis/supervised.py`), it is not a record to classify.
+
+Every fact the supervisor feeds the analysis is also written to the incarnation's facts log
+(RUNTIME/logs/N/facts.log, copied into the bundle's logs/), one line per fact (`to_line`,
+`parse_fact_line`), so `xpu-serve diagnose BUNDLE` reads what the live analysis read:
+
+    2026-12-02T02:31:07.123456+00:00 xpu-serve fact process-exit {"source": "process", ...}
+
+the time of the fact (ISO 8601, UTC, microseconds), the tag `xpu-serve fact`, the kind
+(`process-exit`, `hang`, `health-failed`, `startup-stall`, `trigger`, or the event's source for
+a fact of another watcher), then one JSON object: source, text, process, rank, pid, level,
+extra (without the py-spy stacks, which are the bundle's stacks/) and `after`: the number of
+lines of the incarnation's vllm.log (rotations concatenated, oldest first) the live analysis had
+read when the fact arrived, so an offline reading puts it at the same place.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any
 
 from xpu_serve.events import Event
+
+FACT_SOURCES = frozenset({"process", "health", "supervisor"})  # sources of the supervisor's own facts
+FACT_TAG = "xpu-serve fact"
+FACTS_LOG = "facts.log"  # its name in RUNTIME/logs/N/ and in a bundle's logs/
+_LINE_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00) xpu-serve fact ([\w-]+) (\{.*\})\s*$")
+_UNLOGGED_EXTRA = frozenset({"stacks"})  # kept elsewhere in the bundle (stacks/<pid>-<name>.txt)
 
 
 def _now(at: float | None) -> datetime:
@@ -41,7 +65,7 @@ def process_exit(
         rank=rank,
         pid=pid,
         level="ERROR",
-        extra={"exit_code": exit_code, "signal": signal},
+        extra={"fact": "process-exit", "exit_code": exit_code, "signal": signal},
     )
 
 
@@ -68,6 +92,7 @@ def hang(
         time_text=t.strftime("%m-%d %H:%M:%S"),
         level="ERROR",
         extra={
+            "fact": "hang",
             "last_progress": last_progress.strftime("%m-%d %H:%M:%S") if last_progress else None,
             "detected_by": detected_by,
             "no_progress_s": no_progress_s,
@@ -79,7 +104,15 @@ def health_failed(failures: int, detail: str, at: float | None = None) -> Event:
     """`/health` failed `failures` probes in a row. Text: "/health failed 3 probes in a row: HTTP 503"."""
     t = _now(at)
     text = f"/health failed {failures} probes in a row: {detail}"
-    return Event(source="health", text=text, raw=text, time=t, time_text=t.strftime("%m-%d %H:%M:%S"), level="ERROR")
+    return Event(
+        source="health",
+        text=text,
+        raw=text,
+        time=t,
+        time_text=t.strftime("%m-%d %H:%M:%S"),
+        level="ERROR",
+        extra={"fact": "health-failed"},
+    )
 
 
 def startup_stall(stalled_s: float, phase: str, missing_ranks: list[int], at: float | None = None) -> Event:
@@ -98,5 +131,88 @@ def startup_stall(stalled_s: float, phase: str, missing_ranks: list[int], at: fl
         time=t,
         time_text=t.strftime("%m-%d %H:%M:%S"),
         level="ERROR",
-        extra={"phase": phase, "missing_ranks": list(missing_ranks)},
+        extra={"fact": "startup-stall", "phase": phase, "missing_ranks": list(missing_ranks)},
     )
+
+
+def trigger(
+    kind: str, detail: str, at: float, fields: dict[str, Any]
+) -> Event:
+    """Why the supervisor failed the incarnation (`incarnation.Trigger`): `kind`, `detail`, `at`
+    (epoch s) and `fields` (process, rank, pid, exit_code, signal, detected_at, at_source,
+    loop_stall_s). Text: "trigger process-exit: Worker_TP0 (pid 7986) died: killed by SIGSEGV".
+    extra: {"fact": "trigger", "trigger": {kind, detail, at, **fields}}."""
+    t = _now(at)
+    text = f"trigger {kind}: {detail}"
+    return Event(
+        source="supervisor",
+        text=text,
+        raw=text,
+        time=t,
+        time_text=t.strftime("%m-%d %H:%M:%S"),
+        extra={"fact": "trigger", "trigger": {"kind": kind, "detail": detail, "at": at, **fields}},
+    )
+
+
+def kind_of(ev: Event) -> str:
+    """The fact's kind for the facts log: extra["fact"] when set, else the event's source."""
+    k = ev.extra.get("fact")
+    return k if isinstance(k, str) and k else ev.source
+
+
+def to_line(ev: Event, after: int) -> str:
+    """One facts-log line (module docstring) of a fact event read after `after` vllm.log lines."""
+    t = ev.time or datetime.now()
+    stamp = t.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    extra = {k: v for k, v in ev.extra.items() if not k.startswith("_") and k not in _UNLOGGED_EXTRA}
+    doc = {
+        "source": ev.source,
+        "text": ev.text,
+        "process": ev.process,
+        "rank": ev.rank,
+        "pid": ev.pid,
+        "level": ev.level,
+        "extra": extra,
+        "after": after,
+    }
+    return f"{stamp} {FACT_TAG} {kind_of(ev)} {json.dumps(doc, default=str, ensure_ascii=False)}"
+
+
+def parse_fact_line(line: str) -> tuple[Event, int] | None:
+    """(the fact's Event, as the live analysis got it; its `after` line count) of a facts-log
+    line, or None when the line is not one (any other text, a cut or malformed line). Never raises."""
+    m = _LINE_RE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    try:
+        doc = json.loads(m.group(3))
+        t = datetime.fromisoformat(m.group(1)).astimezone().replace(tzinfo=None)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+        return None
+    extra = doc.get("extra")
+    if not isinstance(extra, dict):
+        extra = {}
+    ev = Event(
+        source=_str(doc.get("source")) or "supervisor",
+        text=doc["text"],
+        raw=doc["text"],
+        time=t,
+        time_text=t.strftime("%m-%d %H:%M:%S"),
+        process=_str(doc.get("process")),
+        rank=_int(doc.get("rank")),
+        pid=_int(doc.get("pid")),
+        level=_str(doc.get("level")),
+        extra=dict(extra),
+    )
+    after = _int(doc.get("after"))
+    return ev, (after if after is not None and after >= 0 else -1)
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
