@@ -40,17 +40,24 @@ def _counts(c: dict[str, Any]) -> list[tuple[Any, ...]]:
     )
 
 
+NO_CONNECTOR = {"XPU_SERVE_PROC_CONNECTOR": "0"}  # a worker's exit status may then be lost
+
+
 @pytest.mark.parametrize(
-    "fault",
+    ("fault", "os_env"),
     [
-        "worker-segv rank=1 after=50",  # a native crash: SIGSEGV of a worker, the others abort
-        "worker-exit rank=2 code=1 after=50",  # an exit code, seen only by the supervisor
-        "engine-crash signal=KILL after=50",  # SIGKILL: no dump, no line of the dying process
-        "ccl-init-fail rank=1",  # a start-up failure in oneCCL's init
+        ("worker-segv rank=1 after=50", {}),  # a native crash: SIGSEGV of a worker, the others abort
+        ("worker-exit rank=2 code=1 after=50", {}),  # an exit code, seen only by the supervisor
+        ("engine-crash signal=KILL after=50", {}),  # SIGKILL: no dump, no line of the dying process
+        ("ccl-init-fail rank=1", {}),  # a start-up failure in oneCCL's init
+        ("worker-segv rank=0 after=50", NO_CONNECTOR),  # the signal may come from the worker's dump
     ],
+    ids=["worker-segv", "worker-exit", "engine-kill", "ccl-init-fail", "worker-segv-no-connector"],
 )
-def test_diagnose_of_the_bundle_gives_the_live_verdict(sim_up_factory: Any, fault: str) -> None:
-    up = sim_up_factory(f"{fault} incarnation=1")
+def test_diagnose_of_the_bundle_gives_the_live_verdict(
+    sim_up_factory: Any, fault: str, os_env: dict[str, str]
+) -> None:
+    up = sim_up_factory(f"{fault} incarnation=1", os_env=os_env)
     bundle = up.bundle(90)
     up.wait_event("restart-scheduled", 60)
     assert up.stop() == 0
@@ -61,4 +68,6 @@ def test_diagnose_of_the_bundle_gives_the_live_verdict(sim_up_factory: Any, faul
     assert _root(offline) == _root(live), (offline["root"], live["root"])
     assert _counts(offline) == _counts(live)
     assert sum(g["count"] for g in live["consequences"]) > 0, live["consequences"]
+    assert offline["notes"] == live["notes"]
+    assert offline["summary"] == live["summary"]
     assert (bundle / "logs" / "facts.log").is_file()
