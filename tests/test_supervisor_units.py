@@ -262,9 +262,10 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     """EngineCore reaps a worker before the supervisor reads its status (no proc connector in a
     container): the verdict's root, the worker's own unprefixed crash dump in the real
     cpu-tp2-worker0-segv log, names the signal. Another process, or a known status, is left alone."""
-    from xpu_serve.analysis.supervised import TriggerFact, signal_from_root
+    from xpu_serve.analysis.supervised import signal_from_root
     from xpu_serve.diagnosis import Analyzer, diagnose_files
     from xpu_serve.facts import trigger
+    from xpu_serve.incarnation import Trigger
     from xpu_serve.signatures import load_table
 
     real = Path(__file__).parent / "fixtures" / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
@@ -274,11 +275,11 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     assert root["text"] == "!!!!!!! Segfault encountered !!!!!!!"
     table = load_table()
 
-    def trig(**kw: object) -> TriggerFact:
+    def trig(**kw: object) -> Trigger:
         base: dict[str, object] = dict(kind="process-exit", detail="d", at=0.0, process="Worker_TP0", rank=0,
                                        pid=root["pid"])
         base.update(kw)
-        return TriggerFact(**base)  # type: ignore[arg-type]
+        return Trigger(**base)  # type: ignore[arg-type]
 
     assert signal_from_root(root, trig(), table) == "SIGSEGV"
     assert signal_from_root(root, trig(exit_code=1), table) is None  # the status is known

@@ -44,7 +44,7 @@ from xpu_serve.analysis.contract import PHASES, TIMELINE_MAX
 from xpu_serve.analysis.deaths import death_signal, normalize_process
 from xpu_serve.analysis.incident import Incident
 from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE
-from xpu_serve.analysis.supervised import TriggerFact
+from xpu_serve.analysis.supervised import trigger_of
 from xpu_serve.analysis.timeorder import tkey as _tkey
 from xpu_serve.analysis.traceback import Step, TracebackTracker
 from xpu_serve.analysis.verdict import VerdictMixin
@@ -416,7 +416,7 @@ class Analyzer(VerdictMixin):
         already-parsed kernel record. Classified with the same table as lines. The trigger fact
         (`facts.trigger`) is not classified: it completes the verdict (analysis/supervised.py)."""
         if event.extra.get("fact") == "trigger":
-            self.trigger = TriggerFact.of(event.extra.get("trigger")) or self.trigger
+            self.trigger = trigger_of(event.extra.get("trigger")) or self.trigger
             return
         file = event.file or f"<{event.source}>"
         lineno = event.line if event.line is not None else self._lineno.get(file, 0) + 1

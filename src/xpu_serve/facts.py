@@ -36,8 +36,13 @@ _LINE_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00) xpu-serve
 _UNLOGGED_EXTRA = frozenset({"stacks"})  # kept elsewhere in the bundle (stacks/<pid>-<name>.txt)
 
 
-def _now(at: float | None) -> datetime:
-    return datetime.fromtimestamp(at) if at is not None else datetime.now()
+def _fact(source: str, text: str, at: float | None, level: str | None = "ERROR", **kw: Any) -> Event:
+    """A fact Event: `text` (also raw), the time `at` (epoch s; now when None) as naive local
+    time and vLLM's "MM-DD HH:MM:SS", and the other Event fields in `kw`."""
+    t = datetime.fromtimestamp(at) if at is not None else datetime.now()
+    return Event(
+        source=source, text=text, raw=text, time=t, time_text=t.strftime("%m-%d %H:%M:%S"), level=level, **kw
+    )
 
 
 def process_exit(
@@ -47,6 +52,7 @@ def process_exit(
 
     Text shapes: "Worker_TP0 (pid 7986) died: killed by SIGSEGV",
     "EngineCore (pid 7732) died: exit code 1", "APIServer (pid 7700) died: exit status unknown".
+    extra: {"fact": "process-exit", "exit_code": int | None, "signal": str | None}.
     """
     if signal:
         how = f"killed by {signal}"
@@ -54,19 +60,8 @@ def process_exit(
         how = f"exit code {exit_code}"
     else:
         how = "exit status unknown"
-    t = _now(at)
-    return Event(
-        source="process",
-        text=f"{name} (pid {pid}) died: {how}",
-        raw=f"{name} (pid {pid}) died: {how}",
-        time=t,
-        time_text=t.strftime("%m-%d %H:%M:%S"),
-        process=name,
-        rank=rank,
-        pid=pid,
-        level="ERROR",
-        extra={"fact": "process-exit", "exit_code": exit_code, "signal": signal},
-    )
+    extra: dict[str, object] = {"fact": "process-exit", "exit_code": exit_code, "signal": signal}
+    return _fact("process", f"{name} (pid {pid}) died: {how}", at, process=name, rank=rank, pid=pid, extra=extra)
 
 
 def hang(
@@ -80,78 +75,44 @@ def hang(
     """The engine made no progress for `no_progress_s` seconds with requests in flight.
 
     Text shape: "hang watchdog: no progress for 92s with 1 running, 0 waiting requests".
-    extra: {"last_progress": "MM-DD HH:MM:SS" or None, "detected_by": str, "no_progress_s": float}.
+    extra: {"fact": "hang", "last_progress": "MM-DD HH:MM:SS" or None, "detected_by": str,
+    "no_progress_s": float}.
     """
-    t = _now(at)
     text = f"hang watchdog: no progress for {no_progress_s:.0f}s with {running} running, {waiting} waiting requests"
-    return Event(
-        source="health",
-        text=text,
-        raw=text,
-        time=t,
-        time_text=t.strftime("%m-%d %H:%M:%S"),
-        level="ERROR",
-        extra={
-            "fact": "hang",
-            "last_progress": last_progress.strftime("%m-%d %H:%M:%S") if last_progress else None,
-            "detected_by": detected_by,
-            "no_progress_s": no_progress_s,
-        },
-    )
+    extra: dict[str, object] = {
+        "fact": "hang",
+        "last_progress": last_progress.strftime("%m-%d %H:%M:%S") if last_progress else None,
+        "detected_by": detected_by,
+        "no_progress_s": no_progress_s,
+    }
+    return _fact("health", text, at, extra=extra)
 
 
 def health_failed(failures: int, detail: str, at: float | None = None) -> Event:
-    """`/health` failed `failures` probes in a row. Text: "/health failed 3 probes in a row: HTTP 503"."""
-    t = _now(at)
-    text = f"/health failed {failures} probes in a row: {detail}"
-    return Event(
-        source="health",
-        text=text,
-        raw=text,
-        time=t,
-        time_text=t.strftime("%m-%d %H:%M:%S"),
-        level="ERROR",
-        extra={"fact": "health-failed"},
-    )
+    """`/health` failed `failures` probes in a row. Text: "/health failed 3 probes in a row: HTTP 503".
+    extra: {"fact": "health-failed"}."""
+    return _fact("health", f"/health failed {failures} probes in a row: {detail}", at, extra={"fact": "health-failed"})
 
 
 def startup_stall(stalled_s: float, phase: str, missing_ranks: list[int], at: float | None = None) -> Event:
     """Start-up made no progress for `stalled_s` seconds.
 
     Text shape: "start-up stalled for 600s in phase ccl-init; ranks not reached: 1, 3".
-    extra: {"phase": str, "missing_ranks": list[int]}.
+    extra: {"fact": "startup-stall", "phase": str, "missing_ranks": list[int]}.
     """
-    t = _now(at)
     ranks = ", ".join(str(r) for r in missing_ranks) if missing_ranks else "none"
     text = f"start-up stalled for {stalled_s:.0f}s in phase {phase}; ranks not reached: {ranks}"
-    return Event(
-        source="supervisor",
-        text=text,
-        raw=text,
-        time=t,
-        time_text=t.strftime("%m-%d %H:%M:%S"),
-        level="ERROR",
-        extra={"fact": "startup-stall", "phase": phase, "missing_ranks": list(missing_ranks)},
-    )
+    extra: dict[str, object] = {"fact": "startup-stall", "phase": phase, "missing_ranks": list(missing_ranks)}
+    return _fact("supervisor", text, at, extra=extra)
 
 
-def trigger(
-    kind: str, detail: str, at: float, fields: dict[str, Any]
-) -> Event:
+def trigger(kind: str, detail: str, at: float, fields: dict[str, Any]) -> Event:
     """Why the supervisor failed the incarnation (`incarnation.Trigger`): `kind`, `detail`, `at`
     (epoch s) and `fields` (process, rank, pid, exit_code, signal, detected_at, at_source,
     loop_stall_s). Text: "trigger process-exit: Worker_TP0 (pid 7986) died: killed by SIGSEGV".
     extra: {"fact": "trigger", "trigger": {kind, detail, at, **fields}}."""
-    t = _now(at)
-    text = f"trigger {kind}: {detail}"
-    return Event(
-        source="supervisor",
-        text=text,
-        raw=text,
-        time=t,
-        time_text=t.strftime("%m-%d %H:%M:%S"),
-        extra={"fact": "trigger", "trigger": {"kind": kind, "detail": detail, "at": at, **fields}},
-    )
+    extra: dict[str, object] = {"fact": "trigger", "trigger": {"kind": kind, "detail": detail, "at": at, **fields}}
+    return _fact("supervisor", f"trigger {kind}: {detail}", at, level=None, extra=extra)
 
 
 def kind_of(ev: Event) -> str:

@@ -13,57 +13,47 @@ here, so `up` and `diagnose BUNDLE` give the same verdict:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from xpu_serve.analysis.deaths import death_signal
 from xpu_serve.analysis.incident import Incident
 from xpu_serve.events import Event
+from xpu_serve.incarnation import Trigger
 from xpu_serve.signatures import SignatureTable
 
 
-@dataclass
-class TriggerFact:
-    """The trigger's fields (`incarnation.Trigger` without its event): kind ("process-exit",
-    "health", "fatal-line", "kernel", "hang", "startup-stall", "startup-timeout", "config"...),
-    detail, at/detected_at (epoch s), at_source ("kernel" or "detection"), loop_stall_s (s),
-    the process, rank, pid, exit_code and signal name it is about."""
+def trigger_of(d: Any) -> Trigger | None:
+    """The trigger (`incarnation.Trigger`, without its event) of a trigger fact's
+    extra["trigger"] dict (`facts.trigger`); None when it is not one. Fields of the wrong type
+    are left at their defaults."""
+    if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
+        return None
 
-    kind: str
-    detail: str
-    at: float
-    process: str | None = None
-    rank: int | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    detected_at: float | None = None
-    at_source: str | None = None
-    loop_stall_s: float | None = None
+    def num(k: str) -> float | None:
+        v = d.get(k)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    @classmethod
-    def of(cls, d: Any) -> TriggerFact | None:
-        """From the fact's extra["trigger"] dict; None when it is not one."""
-        if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
-            return None
-        num = (int, float)
-        return cls(
-            kind=d["kind"],
-            detail=str(d.get("detail") or ""),
-            at=float(d["at"]) if isinstance(d.get("at"), num) else 0.0,
-            process=d.get("process") if isinstance(d.get("process"), str) else None,
-            rank=d.get("rank") if isinstance(d.get("rank"), int) else None,
-            pid=d.get("pid") if isinstance(d.get("pid"), int) else None,
-            exit_code=d.get("exit_code") if isinstance(d.get("exit_code"), int) else None,
-            signal=d.get("signal") if isinstance(d.get("signal"), str) else None,
-            detected_at=float(d["detected_at"]) if isinstance(d.get("detected_at"), num) else None,
-            at_source=d.get("at_source") if isinstance(d.get("at_source"), str) else None,
-            loop_stall_s=float(d["loop_stall_s"]) if isinstance(d.get("loop_stall_s"), num) else None,
-        )
+    def typed(k: str, t: type) -> Any:
+        v = d.get(k)
+        return v if isinstance(v, t) and not isinstance(v, bool) else None
+
+    return Trigger(
+        kind=d["kind"],
+        detail=str(d.get("detail") or ""),
+        at=num("at") or 0.0,
+        process=typed("process", str),
+        rank=typed("rank", int),
+        pid=typed("pid", int),
+        exit_code=typed("exit_code", int),
+        signal=typed("signal", str),
+        detected_at=num("detected_at"),
+        at_source=typed("at_source", str),
+        loop_stall_s=num("loop_stall_s"),
+    )
 
 
-def complete(inc: Incident, trig: TriggerFact, table: SignatureTable) -> None:
+def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     """Finish `inc` (in place) with the trigger (module docstring)."""
     sig = signal_from_root(inc.root, trig, table)
     if sig is not None:
@@ -99,7 +89,7 @@ def fallback_cause(kind: str, detail: str) -> str:
     }.get(kind, "unknown")
 
 
-def death_time_note(trig: TriggerFact) -> str | None:
+def death_time_note(trig: Trigger) -> str | None:
     """A note when the supervisor saw a process exit late (its loop stalled), saying how well
     the time of death is known; None otherwise."""
     if trig.kind != "process-exit" or not trig.loop_stall_s or trig.detected_at is None:
@@ -119,7 +109,7 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def signal_from_root(root: dict[str, Any] | None, trig: TriggerFact, table: SignatureTable) -> str | None:
+def signal_from_root(root: dict[str, Any] | None, trig: Trigger, table: SignatureTable) -> str | None:
     """The signal ("SIGSEGV"...) a process-exit trigger of unknown status died by, as its own
     crash dump says, or None.
 
