@@ -79,7 +79,7 @@ def test_stall_watcher_records_and_fails_after_stall_s_without_a_line(tmp_path: 
     fails, records = asyncio.run(main())
     assert [t.kind for t in fails] == ["startup-stall"]
     assert fails[0].detail.startswith("no start-up progress for ") and fails[0].event is records[0]
-    assert records[0].extra == {"phase": "unknown", "missing_ranks": []}
+    assert records[0].extra == {"fact": "startup-stall", "phase": "unknown", "missing_ranks": []}
     assert records[0].text.startswith("start-up stalled for ")
 
 

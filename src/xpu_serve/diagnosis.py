@@ -43,10 +43,12 @@ from xpu_serve.analysis.contract import PHASES, TIMELINE_MAX
 from xpu_serve.analysis.deaths import death_signal, normalize_process
 from xpu_serve.analysis.incident import Incident
 from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE
+from xpu_serve.analysis.supervised import trigger_of
 from xpu_serve.analysis.timeorder import tkey as _tkey
 from xpu_serve.analysis.traceback import Step, TracebackTracker
 from xpu_serve.analysis.verdict import VerdictMixin
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
+from xpu_serve.facts import FACTS_LOG, parse_fact_line
 from xpu_serve.signatures import Signature, SignatureTable
 
 __all__ = [
@@ -236,6 +238,10 @@ class Analyzer(VerdictMixin):
         # the restart line's own time (month, day, h, m, s, us) when it has one: kernel records
         # read from another file (dmesg -T, ISO stamps) are placed before or after it by theirs
         self._restart_key: tuple[int, int, int, int, int, int] | None = None
+
+    def lines_read(self, file: str) -> int:
+        """How many lines of `file` were fed so far (the last line number)."""
+        return self._lineno.get(file, 0)
 
     def is_fatal(self, event: Event) -> bool:
         """True when vLLM is dead or exiting after this classified line (rows with `fatal: true`:
@@ -542,7 +548,11 @@ class Analyzer(VerdictMixin):
 
     def add_event(self, event: Event) -> None:
         """Add a fact (process exit, hang, health, start-up stall: `xpu_serve.facts`) or an
-        already-parsed kernel record. Classified with the same table as lines."""
+        already-parsed kernel record. Classified with the same table as lines. The trigger fact
+        (`facts.trigger`) is not classified: it completes the verdict (analysis/supervised.py)."""
+        if event.extra.get("fact") == "trigger":
+            self.trigger = trigger_of(event.extra.get("trigger")) or self.trigger
+            return
         file = event.file or f"<{event.source}>"
         lineno = event.line if event.line is not None else self._lineno.get(file, 0) + 1
         self._lineno[file] = lineno
@@ -1137,15 +1147,69 @@ def diagnose_files(paths: Iterable[_Src], analyzer: Analyzer | None = None) -> I
     paths = list(paths)
     if len(paths) > 1 or an._files:
         an.dedup = True  # the same line in two files of one incident (vllm.log and its per-process copies)
+    facts_in = [p for p in paths if _base(p) == FACTS_LOG]
+    pending = _read_facts(facts_in)
+    logical = 0  # lines of vllm.log (its rotations, oldest first) fed so far: the facts' `after`
     for p in paths:
+        if _base(p) == FACTS_LOG:
+            continue
         name = p[0] if isinstance(p, tuple) else str(p)
         if name not in an._files:
             an._files.append(name)
         an._last_line.pop(name, None)
+        vlog = _VLLM_LOG_RE.match(_base(p)) is not None
         lineno = 1
         for text in iter_file_blocks(p):
-            lineno += an.feed_block(text, name, lineno)
+            if vlog and pending:
+                lineno += _feed_between(an, text, name, lineno, logical, pending)
+            else:
+                lineno += an.feed_block(text, name, lineno)
+        if vlog:
+            logical += lineno - 1
+    for _, ev in pending:  # after the end of the copy (a cut log) or placed at the end
+        an.add_event(ev)
     return an.incident()
+
+
+_VLLM_LOG_RE = re.compile(r"vllm\.log(?:\.\d+)?$")
+
+
+def _base(p: _Src) -> str:
+    return Path(p[0] if isinstance(p, tuple) else str(p)).name
+
+
+def _read_facts(paths: list[_Src]) -> list[tuple[int, Event]]:
+    """(after, event) of every fact line of the facts logs (`facts.parse_fact_line`), in `after`
+    order (a fact without a position goes last); other lines are ignored."""
+    got: list[tuple[int, Event]] = []
+    for p in paths:
+        for line in iter_file_lines(p):
+            r = parse_fact_line(line)
+            if r is not None:
+                ev, after = r
+                got.append((after if after >= 0 else 1 << 62, ev))
+    got.sort(key=lambda x: x[0])
+    return got
+
+
+def _feed_between(
+    an: Analyzer, text: str, name: str, lineno: int, logical: int, pending: list[tuple[int, Event]]
+) -> int:
+    """Feed a block of vllm.log with the facts whose `after` falls in it added where the live
+    analysis got them (after that many lines); consumed facts leave `pending`. Returns the
+    block's number of lines."""
+    lines = text.split("\n")
+    start = logical + lineno - 1  # logical lines before this block
+    done = 0
+    while pending and pending[0][0] <= start + len(lines):
+        cut = max(0, pending[0][0] - start)
+        if cut > done:
+            an.feed_block("\n".join(lines[done:cut]), name, lineno + done)
+            done = cut
+        an.add_event(pending.pop(0)[1])
+    if done < len(lines):
+        an.feed_block("\n".join(lines[done:]), name, lineno + done)
+    return len(lines)
 
 
 _ = datetime  # re-exported type in annotations of facts

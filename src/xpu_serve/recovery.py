@@ -146,23 +146,32 @@ def _log_files(log_dir: Path) -> list[str]:
 
 
 def analyse(log_dir: Path, trig: Trigger, procs: dict[int, ProcessInfo], exited: dict[int, float]) -> dict[str, Any]:
-    """The verdict contract of the kept logs plus the exits the dead supervisor had seen, as
-    the live capture makes it (`supervision.capture.complete_contract`). Never raises."""
+    """The verdict contract of the kept logs and facts, as the live capture makes it: vllm.log
+    with the facts log the dead supervisor wrote (`facts`), else the exits its marker lists,
+    and the trigger as a fact (analysis/supervised.py). Never raises."""
     from xpu_serve import facts
-    from xpu_serve.supervision.capture import complete_contract
+    from xpu_serve.supervision.capture import take_signal, trigger_fact, without_verdict
 
     contract: dict[str, Any] = {}
     try:
         from xpu_serve.diagnosis import Analyzer, diagnose_files
 
         an = Analyzer()
-        for pid, at in exited.items():
-            p = procs[pid]
-            an.add_event(facts.process_exit(p.name, pid, p.rank, p.exit_code, p.signal, at))
-        contract = dict(diagnose_files(_log_files(log_dir), analyzer=an).to_contract())
+        kept = log_dir / facts.FACTS_LOG
+        inputs: list[str] = _log_files(log_dir)
+        if kept.is_file() and not kept.is_symlink():
+            inputs.append(str(kept))
+        else:
+            for pid, at in exited.items():
+                p = procs[pid]
+                an.add_event(facts.process_exit(p.name, pid, p.rank, p.exit_code, p.signal, at))
+        an.add_event(trigger_fact(trig))
+        inc = diagnose_files(inputs, analyzer=an)
+        contract = dict(inc.to_contract())
+        take_signal(inc, trig, procs)
     except Exception as ex:  # (an unreadable log: the trigger still gives a verdict below)
         contract["notes"] = [f"analysis of the kept logs failed: {type(ex).__name__}: {ex}"]
-    complete_contract(contract, trig, procs)
+    without_verdict(contract, trig)
     return contract
 
 

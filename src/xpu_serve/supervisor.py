@@ -27,16 +27,18 @@ from typing import Any, TextIO, cast
 from xpu_serve import exitcodes, output, procfs
 from xpu_serve.config import Config
 from xpu_serve.events import Event
+from xpu_serve.facts import FACT_SOURCES, FACTS_LOG
 from xpu_serve.incarnation import Observer, Status, Trigger, Watcher
 from xpu_serve.redact import Redactor, secrets_in_env, secrets_in_mapping
 from xpu_serve.restart_policy import RestartPolicy
 from xpu_serve.state import EVENTS_FILE, RuntimeLock
 from xpu_serve.supervision import backoff
-from xpu_serve.supervision.capture import Capture, Captured, fallback_cause, recover_pending
+from xpu_serve.supervision.capture import Capture, Captured, fallback_cause, recover_pending, trigger_fact
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.engine import Engine
 from xpu_serve.supervision.eventlog import EventLog
 from xpu_serve.supervision.exits import NO_CONNECTOR_NOTICE, ExitWatcher
+from xpu_serve.supervision.factlog import FactLog
 from xpu_serve.supervision.signals import STRAY_SIGNALS, Signals, ignore_from_now_on
 from xpu_serve.supervision.statefile import StateFile, state_data
 from xpu_serve.supervision.watch import (
@@ -365,6 +367,7 @@ class Supervisor:
             on_record=self._on_record,
             restarts=self.restarts,
             analyzer=new_analyzer(),
+            facts=FactLog(log_dir / FACTS_LOG, lambda msg: self.log.emit("warning", msg)),
             _loop=asyncio.get_running_loop(),
             _thread=threading.get_ident(),
         )
@@ -392,10 +395,20 @@ class Supervisor:
 
     def _on_record(self, event: Event) -> None:
         ctx = self.ctx
-        if ctx is not None and ctx.analyzer is not None:
-            with contextlib.suppress(Exception):
-                ctx.analyzer.add_event(event)
+        if ctx is not None:
+            self._fact(ctx, event)
         self._tell("on_event", event, quiet=True)
+
+    def _fact(self, ctx: Incarnation, event: Event) -> None:
+        """Evidence for the live analysis; the supervisor's own facts (`facts.FACT_SOURCES`)
+        also go to the facts log first, with how many vllm.log lines the analysis had read."""
+        an = ctx.analyzer
+        if event.source in FACT_SOURCES and ctx.facts is not None:
+            seen = an.lines_read(str(ctx.pump.log_path)) if an is not None and ctx.pump is not None else 0
+            ctx.facts.write(event, seen)
+        if an is not None:
+            with contextlib.suppress(Exception):
+                an.add_event(event)
 
     def _on_fail(self, trigger: Trigger) -> None:
         """A watcher's trigger (the first one wins). A trigger other than a process exit waits
@@ -413,6 +426,7 @@ class Supervisor:
             return
         ctx.trigger = trigger
         ctx.failed.set()
+        self._fact(ctx, trigger_fact(trigger))
         self.state = "failed"
         self.log.emit(
             "failed",
@@ -440,7 +454,7 @@ class Supervisor:
         After a hang verdict, whose evidence is captured, what cannot exit gets SIGKILL early."""
         await self.tasks.cancel()
         self._set_state("stopping")
-        hang = ctx.trigger is not None and fallback_cause(ctx.trigger) == "engine-hang"
+        hang = ctx.trigger is not None and fallback_cause(ctx.trigger.kind, ctx.trigger.detail) == "engine-hang"
         await self.engine.stop(ctx, self._kill_now, hang, self.lines.drain)
 
     async def _backoff(self, ctx: Incarnation, got: Captured) -> int | None:

@@ -67,6 +67,9 @@ class Incident:
     startup: dict[str, Any] | None = None
     lines_read: int = 0
     files: list[str] = field(default_factory=list)
+    # the signal the trigger's process died by, read from its own crash dump when the supervisor
+    # did not see its exit status (analysis/supervised.py), else None
+    trigger_signal: str | None = None
 
     def to_contract(self) -> dict[str, Any]:
         """The JSON verdict: {cause, summary, root, consequences, timeline, hang, library, notes}."""

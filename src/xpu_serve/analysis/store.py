@@ -15,6 +15,7 @@ from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
 from xpu_serve.analysis.incident import Group
 from xpu_serve.analysis.rules import Rules, load_rules
 from xpu_serve.events import Event, parse_line
+from xpu_serve.incarnation import Trigger
 from xpu_serve.signatures import Signature, SignatureTable, load_table
 
 MAX_PER_SIGNATURE = 16  # root/precursor events kept per signature (first ones; counts are exact)
@@ -57,6 +58,8 @@ class EvidenceStore:
         # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
         # incident): the state of the last failed incarnation before the latest restart
         self._earlier: Any = None
+        # the supervisor's trigger (facts.trigger), when one was read: analysis/supervised.py
+        self.trigger: Trigger | None = None
         self._restart_at: tuple[str, int] | None = None
         self.restarts = 0
 

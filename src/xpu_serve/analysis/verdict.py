@@ -19,6 +19,7 @@ from xpu_serve.analysis.contract import PHASES, ContractMixin
 from xpu_serve.analysis.deaths import death_signal
 from xpu_serve.analysis.demote import Candidates, apply_demote, apply_outrank, outrank_notes
 from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.supervised import complete
 from xpu_serve.analysis.timeorder import boot, cmp_time, same_burst
 from xpu_serve.events import Event, parse_line
 
@@ -52,6 +53,13 @@ class VerdictMixin(ContractMixin):
         When the input holds several starts of vLLM (a restart after a failure), the verdict is
         about the last incarnation and a note names the earlier incident; when the last
         incarnation shows no failure, the verdict is the earlier incident's (with a note)."""
+        inc = self._last_start()
+        if self.trigger is not None:
+            complete(inc, self.trigger, self.table)
+        return inc
+
+    def _last_start(self) -> Incident:
+        """The verdict of the last start of vLLM in the input (see `incident`)."""
         inc = self._incident()
         prev = self._earlier
         if prev is None or self._restart_at is None:

@@ -2,8 +2,9 @@
 log files (vLLM logs, kernel logs, or both mixed as people paste them; `-` reads stdin).
 
 A bundle directory (docs/bundles.md: `RUNTIME/bundles/<id>/`) is accepted as FILE: its full
-vLLM log (`logs/vllm.log` or `logs/<n>/vllm.log`, rotations oldest first) and `kernel.log` are
-read; the per-process logs (`logs/Worker_TP0.log`...) are not, they repeat lines of vllm.log.
+vLLM log (`logs/vllm.log` or `logs/<n>/vllm.log`, rotations oldest first), the supervisor's facts
+log (`logs/facts.log`: process exits, the trigger... as the live analysis got them) and
+`kernel.log` are read; the per-process logs (`logs/Worker_TP0.log`...) are not, they repeat lines of vllm.log.
 
 Inputs: regular files, FIFOs and `-` (stdin), each opened exactly once and read to EOF; an
 input that never ends (a FIFO whose writer never closes) runs until EOF, like `grep`. Lines longer
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from xpu_serve import exitcodes
+from xpu_serve.facts import FACTS_LOG
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +60,9 @@ def bundle_inputs(d: str | Path) -> list[str] | None:
     A bundle (xpu_serve.bundle, docs/bundles.md) holds `incident.json` or `bundle.json` and a
     `logs/` folder. Returned: every `vllm.log` of `logs/` and of `logs/<n>/` (incarnations in
     numeric order; within one, rotations `vllm.log.<k>` oldest first, i.e. highest k first, then
-    `vllm.log`), then `kernel.log` when present. Without any vllm.log, the per-process logs of
-    `logs/` (the analysis counts a line repeated across files once). Never raises.
+    `vllm.log`, then that folder's `facts.log`: the supervisor's own facts, `xpu_serve.facts`),
+    then `kernel.log` when present. Without any vllm.log, the per-process logs of `logs/` (the
+    analysis counts a line repeated across files once). Never raises.
     """
     root = Path(d)
     try:
@@ -79,7 +82,9 @@ def bundle_inputs(d: str | Path) -> list[str] | None:
                 if m and p.is_file():
                     rot.append((int(m.group(1) or 0), str(p)))
             out.extend(p for _, p in sorted(rot, reverse=True))
-        if not out:
+            if (f / FACTS_LOG).is_file():
+                out.append(str(f / FACTS_LOG))
+        if not any(_ROTATION_RE.match(Path(p).name) for p in out):
             out = sorted(str(p) for p in (root / "logs").iterdir() if p.is_file() and p.suffix == ".log")
         if (root / "kernel.log").is_file():
             out.append(str(root / "kernel.log"))
@@ -198,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     for u in unmatched:
         inc.notes.append(f"no file matched {u} (ignored)")
     for b in bundles:
-        seen = _live_exits(b)
+        # a bundle with a facts log gave the analysis the exits themselves; an older one did not
+        seen = [] if any(Path(b, "logs").rglob(FACTS_LOG)) else _live_exits(b)
         if seen:
             inc.notes.append(
                 f"{b}: live, the supervisor also saw these exits itself (incident.json, not in the "

@@ -2,7 +2,7 @@
 
 Settle (the dying tree's last lines, up to 1 s), flush (the log pump's queued lines), the kernel
 watcher's settle for its record of a fault, analyse (`diagnosis.Analyzer`: the analysis alone
-names the root; the supervisor only adds what it saw itself, `complete_contract`), bundle
+names the root, completed with the trigger it was fed as a fact: analysis/supervised.py), bundle
 (`bundle.write_incident_bundle`). A marker (`recovery`) lets the next `up` write the bundle when
 the supervisor is killed mid-capture.
 """
@@ -14,11 +14,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpu_serve import recovery
+from xpu_serve import facts, recovery
+from xpu_serve.analysis.supervised import fallback_cause
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Observer, ProcessInfo, Trigger, Watcher
@@ -87,11 +87,12 @@ class Capture:
         contract: dict[str, Any] = {}
         if ctx.analyzer is not None:
             try:
-                incident = ctx.analyzer.incident()
+                incident = ctx.analyzer.incident()  # (the trigger is a fact it was fed)
                 contract = dict(incident.to_contract())
+                take_signal(incident, trig, ctx.processes)
             except Exception as ex:
                 self.log.emit("warning", f"analysis failed: {type(ex).__name__}: {ex}")
-        complete_contract(contract, trig, ctx.processes)
+        without_verdict(contract, trig)
         contract["supervisor"] = {
             "trigger": _trigger_fields(trig),
             "incarnation": ctx.incarnation,
@@ -221,110 +222,31 @@ def _trigger_fields(trig: Trigger) -> dict[str, Any]:
     return {k: v for k, v in vars(trig).items() if k != "event"}
 
 
-def complete_contract(contract: dict[str, Any], trig: Trigger, processes: dict[int, ProcessInfo]) -> None:
-    """Finish the verdict contract (in place) with what the supervisor saw itself: the signal a
-    process of unknown exit status died by when its own crash dump names it (`signal_from_verdict`;
-    also set on `trig` and its ProcessInfo), and the trigger's cause and detail when nothing in
-    the logs supports a verdict (`fallback_cause`)."""
-    sig = signal_from_verdict(contract, trig)
-    if sig is not None:
-        # the exit status was lost (the worker's parent reaped it first, no proc connector
-        # here) but the root is the process's own crash dump naming the signal
-        trig.signal = sig
-        info = processes.get(trig.pid) if trig.pid is not None else None
-        if info is not None and info.signal is None and info.exit_code is None:
-            info.signal = sig
-        _note(
-            contract,
-            f"{trig.process} (pid {trig.pid}): exit status not seen by the supervisor; "
-            f"signal {sig} taken from its crash dump",
-        )
-    timing = _death_time_note(trig)
-    if timing:
-        _note(contract, timing)
+def trigger_fact(trig: Trigger) -> Event:
+    """The trigger as a fact for the analysis and the facts log (`facts.trigger`)."""
+    fields = {k: v for k, v in _trigger_fields(trig).items() if k not in ("kind", "detail", "at")}
+    return facts.trigger(trig.kind, trig.detail, trig.at, fields)
+
+
+def take_signal(incident: Any, trig: Trigger, processes: dict[int, ProcessInfo]) -> None:
+    """The signal the analysis read from the trigger's process's own crash dump when the
+    supervisor did not see its exit status (`Incident.trigger_signal`): set on `trig` and on
+    that process's ProcessInfo (incident.json's `supervisor`)."""
+    sig = getattr(incident, "trigger_signal", None)
+    if not isinstance(sig, str):
+        return
+    trig.signal = sig
+    info = processes.get(trig.pid) if trig.pid is not None else None
+    if info is not None and info.signal is None and info.exit_code is None:
+        info.signal = sig
+
+
+def without_verdict(contract: dict[str, Any], trig: Trigger) -> None:
+    """A contract without an analysis (it failed or could not be built): the trigger's cause
+    and detail (`analysis.supervised.fallback_cause`)."""
     if contract.get("cause") in (None, "", "unknown"):
-        # nothing in the logs supports a verdict: say what the supervisor itself saw
-        fb = fallback_cause(trig)
-        contract["cause"] = fb
-        if fb != "unknown" or not contract.get("summary"):
-            contract["summary"] = trig.detail
-
-
-def _note(contract: dict[str, Any], text: str) -> None:
-    notes = contract.setdefault("notes", [])
-    if isinstance(notes, list):
-        notes.append(text)
-
-
-def _death_time_note(trig: Trigger) -> str | None:
-    """A note when the supervisor saw a process exit late (its loop stalled), saying how well
-    the time of death is known; None otherwise."""
-    if trig.kind != "process-exit" or not trig.loop_stall_s or trig.detected_at is None:
-        return None
-    iso = _iso(trig.detected_at)
-    who = f"{trig.process} (pid {trig.pid})"
-    stall = f"the supervisor had not run for {trig.loop_stall_s:.1f} s (stopped or starved)"
-    if trig.at_source == "kernel":
-        return f"{who}: died at {_iso(trig.at)} (the kernel's exit event), seen at {iso}: {stall}"
-    return (
-        f"{who}: seen dead at {iso} after {stall}; it died no later than that, and the real time "
-        "of death is unknown (no kernel exit event: the proc connector is not available)"
-    )
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def signal_from_verdict(contract: dict[str, Any], trig: Trigger) -> str | None:
-    """The signal ("SIGSEGV"...) a process-exit trigger of unknown status died by, as its own
-    crash dump says, or None.
-
-    Only when the trigger is a process exit with neither code nor signal known, and the verdict's
-    root (`contract["root"]`: process, pid, text, evidence) is that same process (by pid, or by name
-    when the root has no pid, as for an unprefixed dump the analysis attributed to it), and the
-    root's text or one of its evidence lines is a crash dump the signature table reads a signal
-    name from (`signame`: "Fatal Python error: Segmentation fault", "!!!!!!! Segfault encountered
-    !!!!!!!"; `diagnosis.death_signal` maps it)."""
-    from xpu_serve.diagnosis import death_signal
-    from xpu_serve.signatures import load_table
-
-    if trig.kind != "process-exit" or trig.signal is not None or trig.exit_code is not None:
-        return None
-    root = contract.get("root")
-    if not isinstance(root, dict):
-        return None
-    same = root.get("pid") == trig.pid if root.get("pid") is not None else root.get("process") == trig.process
-    if not same:
-        return None
-    texts = [root.get("text")] + [e.get("text") for e in root.get("evidence") or [] if isinstance(e, dict)]
-    table = load_table()
-    for text in texts:
-        if not isinstance(text, str):
-            continue
-        ev = Event(source="vllm", text=text, raw=text)
-        m = table.match(ev)
-        if m is None or "signame" not in m[1].groupdict():
-            continue
-        ev.extra["signame"] = m[1].group("signame")
-        got = death_signal(ev)
-        if got:
-            return got
-    return None
-
-
-def fallback_cause(trig: Trigger) -> str:
-    """The cause the trigger alone supports, when the logs support no verdict."""
-    return {
-        "process-exit": "process-crash",
-        # /health timing out while every process lives is a hung server; failing (503, refused)
-        # follows a death the process watch may not have reported
-        "health": "engine-hang" if trig.detail.endswith(": timed out") else "process-crash",
-        "startup-stall": "startup-hang",
-        "startup-timeout": "startup-hang",
-        "hang": "engine-hang",
-        "config": "config-error",
-    }.get(trig.kind, "unknown")
+        contract["cause"] = fallback_cause(trig.kind, trig.detail)
+        contract["summary"] = trig.detail
 
 
 def _bundle_files(ctx: Any) -> Any:

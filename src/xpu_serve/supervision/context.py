@@ -14,6 +14,7 @@ from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.sources.log_pump import LogPump
+from xpu_serve.supervision.factlog import FactLog
 
 
 @dataclass
@@ -22,7 +23,7 @@ class Incarnation:
 
     Extra attributes for the bundle writer: `log_dir` (RUNTIME/logs/N), `run_id`, `pgid`,
     `trigger` (the first failure), `analyzer`, `argv`, `env` (the overrides we set),
-    `restarts`, `stop` (StopReport once stopped). `exited`: pid -> time of death (epoch s) of
+    `restarts`, `stop` (StopReport once stopped), `facts` (the facts log, `FactLog`). `exited`: pid -> time of death (epoch s) of
     the watched processes whose exit was reported. `failed`: set once `trigger` is.
     """
 
@@ -47,6 +48,7 @@ class Incarnation:
     stop: cleanup.StopReport | None = None
     pump: LogPump | None = None
     exited: dict[int, float] = field(default_factory=dict)
+    facts: FactLog | None = None
     failed: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: int | None = None
