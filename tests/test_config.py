@@ -471,40 +471,52 @@ HOSTILE: list[tuple[str, str | bytes, str]] = [
 ]
 
 
+# A process's ru_maxrss starts from the high-water mark of the address space it was exec'd over
+# (Linux exec_mmap -> setmax_mm_hiwater_rss): a command spawned straight from pytest reports at
+# least pytest's own RSS, which grows over the suite. This launcher is a fresh small interpreter
+# that forks the command, so the figure is the command's own, in bytes, written to the fd in argv[1].
+_RSS_LAUNCHER = """
+import os, sys
+fd = int(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+os.write(fd, str(usage.ru_maxrss * 1024).encode())
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _run_measured(cmd: list[str], cwd: Path, limit_s: float = 60.0) -> tuple[int, str, str, float, int]:
-    """(exit code, stdout, stderr, wall seconds, peak RSS in bytes) of one real subprocess, killed
-    after `limit_s` (its own rusage from wait4, not the max over all children of the test)."""
+    """(exit code, stdout, stderr, wall seconds, peak RSS in bytes) of one real subprocess, its
+    process group killed after `limit_s`; the RSS is the command's own (see `_RSS_LAUNCHER`)."""
+    import signal
     import threading
     import time
 
+    rss_r, rss_w = os.pipe()
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        [sys.executable, "-I", "-S", "-c", _RSS_LAUNCHER, str(rss_w), *cmd],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        pass_fds=(rss_w,),
+        start_new_session=True,
     )
-    killer = threading.Timer(limit_s, proc.kill)
+    os.close(rss_w)
+    killer = threading.Timer(limit_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
     killer.start()
     try:
-        out_chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()))  # type: ignore[union-attr]
-        reader.start()
-        err = proc.stderr.read()  # type: ignore[union-attr]
-        reader.join()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        out, err = proc.communicate()
     finally:
         killer.cancel()
-        if proc.returncode is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()  # type: ignore[union-attr]
-        proc.stderr.close()  # type: ignore[union-attr]
-    return (
-        proc.returncode,
-        out_chunks[0].decode(),
-        err.decode(),
-        time.monotonic() - t0,
-        usage.ru_maxrss * 1024,
-    )
+        with os.fdopen(rss_r, "rb") as f:
+            rss = f.read()
+    return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0, int(rss or 0)
 
 
 @pytest.mark.parametrize("name,text,expected", HOSTILE, ids=[h[0] for h in HOSTILE])

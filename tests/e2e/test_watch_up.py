@@ -52,11 +52,18 @@ def test_worker_segv_kernel_record_is_the_cause(tmp_path: Path, up_factory: Any)
 
 
 def _stream(port: int, chunks: list[float], stop: threading.Event) -> None:
+    """Append the arrival time (epoch s) of every token chunk of one streamed completion: `data:`
+    lines whose first choice carries text; not blank lines, `[DONE]` or the error chunk the API
+    server sends when the engine is stopped."""
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 3000, "stream": True}
     try:
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
-            for _ in r.iter_lines():
-                chunks.append(time.time())
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("text"):
+                    chunks.append(time.time())
                 if stop.is_set():
                     return
     except httpx.HTTPError:
