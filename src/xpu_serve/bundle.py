@@ -292,31 +292,233 @@ def write_bundle(
     """`write_incident_bundle` with the parts that are fixed in production made explicit:
     `collectors` (default `collectors.DEFAULT_COLLECTORS`), `cause` for the folder name (default
     incident["cause"]), the kernel log device and the DRM sysfs root, and whether to prune.
-    Same return value and guarantees (never raises, bounded in time)."""
-    config = getattr(ctx, "config", None)
-    bcfg = _bundles_cfg(config)
-    timeout_s = float(bcfg.collector_timeout_s)
-    run = _Run(cause=_cause_slug(cause or (incident or {}).get("cause")))
-    hard_limit = 2 * timeout_s + 5.0
-    t = threading.Thread(
-        target=_write_guarded,
-        args=(run, ctx, trigger, incident, report_text, stacks, collectors, kmsg_path, sysfs_drm, prune, bcfg),
-        name="bundle-writer",
-        daemon=True,
-    )
-    t.start()
-    t.join(timeout=hard_limit)
-    with run.lock:
-        if not run.done:
-            run.abandon.set()
-            run.errors.append(f"bundle writer cut off after {hard_limit:g}s; the bundle may lack files")
-            run.complete = False
-        return BundleResult(run.path, run.complete and not run.errors, list(run.errors), run.cause)
+    Same return value and guarantees (never raises, bounded in time): the three steps of
+    `IncidentBundle` in one go."""
+    job = IncidentBundle(ctx, trigger, incident, report_text, stacks, collectors=collectors, cause=cause,
+                         kmsg_path=kmsg_path, sysfs_drm=sysfs_drm)
+    timeout_s = float(job.bcfg.collector_timeout_s)
+
+    def steps() -> None:
+        if job.open_bundle():
+            job.collect_parts()
+            job.finish_parts(None, None, prune)
+
+    return job.bounded(steps, 2 * timeout_s + 5.0)
 
 
-def _write_guarded(run: _Run, *args: Any) -> None:
+class IncidentBundle:
+    """One bundle written in three steps, so the supervisor stops the tree while it is written:
+
+    1. `begin()`, before anything is killed: the folder, incident.json, summary.md and report.txt
+       (the verdict first: the most valuable part if the disk fills up), the secrets of the live
+       processes and what only the live tree can give (`CollectInputs.capture_live`: /proc facts,
+       /dev/shm, the kernel ring buffer, stacks for a hang);
+    2. `collect()`, while or after the tree is stopped: every collector but those of
+       `AFTER_STOP` (they read the captured snapshot, not the dying tree);
+    3. `finish(incident, report_text)`, once the tree is stopped and its log closed: the verdict
+       files again with the verdict recomputed from the whole log, the logs collector (everything
+       the incarnation wrote, its fallout included), the contents table, bundle.json (written
+       last: it says the bundle is complete), the optional tar, retention.
+
+    Each step blocks (call it with `asyncio.to_thread`), never raises (problems end up in the
+    result's `errors`) and is bounded: `begin` and `collect` by about `collector_timeout_s` + 5 s,
+    `finish` by 2 x `collector_timeout_s` + 5 s; a step past its bound is abandoned.
+    """
+
+    def __init__(
+        self,
+        ctx: IncarnationContext,
+        trigger: Trigger,
+        incident: dict[str, Any],
+        report_text: str,
+        stacks: dict[int, str] | None = None,
+        *,
+        collectors: list[tuple[str, Collector]] | None = None,
+        cause: str | None = None,
+        kmsg_path: Path | None = None,
+        sysfs_drm: Path | None = None,
+    ):
+        self.ctx, self.trigger, self.report_text = ctx, trigger, report_text
+        self.incident = dict(incident) if isinstance(incident, dict) else {"cause": "unknown", "summary": str(incident)}
+        self.config: Any = getattr(ctx, "config", None)
+        self.bcfg = _bundles_cfg(self.config)
+        self.collectors = collectors if collectors is not None else DEFAULT_COLLECTORS
+        self.run = _Run(cause=_cause_slug(cause or self.incident.get("cause")))
+        self.run.recovered = self.incident.get("recovered") is True
+        self._stacks, self._roots = stacks, (kmsg_path, sysfs_drm)
+        self.writer: BundleWriter | None = None
+        self.inputs: CollectInputs | None = None
+        self.facts: dict[str, Any] = {}
+        self.outcomes: dict[str, CollectorOutcome] = {}
+
+    # ---- the steps (each bounded, never raising) ----------------------------------------------
+
+    def begin(self) -> BundleResult:
+        """Step 1 (before the stop); the result's path is None when no folder could be made."""
+        return self.bounded(self.open_bundle, float(self.bcfg.collector_timeout_s) + 5.0)
+
+    def collect(self) -> BundleResult:
+        """Step 2: the collectors that do not need the stopped tree."""
+        return self.bounded(self.collect_parts, float(self.bcfg.collector_timeout_s) + 5.0)
+
+    def finish(self, incident: dict[str, Any] | None, report_text: str | None, prune: bool = True) -> BundleResult:
+        """Step 3 (after the stop): `incident`/`report_text` replace the first verdict when given."""
+        return self.bounded(lambda: self.finish_parts(incident, report_text, prune),
+                            2 * float(self.bcfg.collector_timeout_s) + 5.0)
+
+    def bounded(self, fn: Any, limit_s: float) -> BundleResult:
+        """Run `fn` in a daemon thread for at most `limit_s`; past it the bundle is abandoned."""
+        run = self.run
+        with run.lock:
+            run.done = False
+        t = threading.Thread(target=_guarded, args=(run, fn), name="bundle-writer", daemon=True)
+        t.start()
+        t.join(timeout=limit_s)
+        with run.lock:
+            if not run.done:
+                run.abandon.set()
+                run.errors.append(f"bundle writer cut off after {limit_s:g}s; the bundle may lack files")
+                run.complete = False
+            return BundleResult(run.path, run.complete and not run.errors, list(run.errors), run.cause)
+
+    # ---- what the steps do ------------------------------------------------------------------------
+
+    def open_bundle(self) -> bool:
+        """Step 1's work; False when no folder could be made (nothing more can be written)."""
+        run, ctx, now = self.run, self.ctx, time.time()
+        rd: Any = getattr(ctx, "runtime_dir", None) or getattr(self.config, "runtime_dir", None) or "."
+        runtime_dir = Path(rd)
+        incarnation = int(getattr(ctx, "incarnation", 0) or 0)
+        processes = _snapshot_processes(ctx)
+        redactor = Redactor(gather_secrets(self.config, processes))
+        base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-i{incarnation}-{run.cause}"
+        self.bundles_dir = runtime_dir / BUNDLES_DIR
+        try:
+            path = _make_bundle_dir(self.bundles_dir, base)
+        except OSError as e:
+            run.error(f"cannot create a bundle under {self.bundles_dir}: {e.strerror or e}")
+            return False
+        run.path = path
+        self.writer = BundleWriter(path, redactor)
+        self.facts = _facts(ctx, path.name, now, incarnation, self.trigger, processes, runtime_dir,
+                            config_hash(self.config, redactor))
+        self._write_verdict()
+        self.inputs = self._inputs(runtime_dir, incarnation, processes, now)
+        self.inputs.capture_live(float(self.bcfg.collector_timeout_s))
+        return True
+
+    def collect_parts(self) -> None:
+        """Step 2's work."""
+        self._run_collectors([c for c in self.collectors if c[0] not in AFTER_STOP])
+
+    def finish_parts(self, incident: dict[str, Any] | None, report_text: str | None, prune: bool) -> None:
+        """Step 3's work."""
+        run, writer = self.run, self.writer
+        if writer is None or self.inputs is None or run.path is None or run.abandon.is_set():
+            return
+        if incident is not None:
+            self.incident = dict(incident)
+            self.inputs.incident = self.incident
+            self.report_text = report_text if report_text is not None else self.report_text
+            self._write_verdict()
+        self._run_collectors([c for c in self.collectors if c[0] in AFTER_STOP])
+        if run.abandon.is_set():
+            return
+        outcomes = [self.outcomes[n] for n, _ in self.collectors if n in self.outcomes]
+        summary = _summary(run.path.name, self.incident, self.trigger, self.facts, self.report_text)
+        _try(run, "summary.md", lambda: writer.write_text("summary.md", summary + _contents_table(outcomes),
+                                                           run.abandon))
+        tar_path = self.bundles_dir / f"{run.path.name}.tar.gz" if self.bcfg.tar else None
+        _write_manifest(run, writer, run.path, outcomes, tar_path=None, redactor=writer.redactor)
+        if tar_path is not None:
+            timeout_s = float(self.bcfg.collector_timeout_s)
+            _try(run, "tar", lambda: _make_tar(run.path, tar_path, time.monotonic() + timeout_s, run.abandon))
+            _write_manifest(run, writer, run.path, outcomes, tar_path=tar_path if tar_path.exists() else None,
+                            redactor=writer.redactor)
+        with run.lock:
+            run.complete = not run.errors
+        if prune:
+            self._prune()
+
+    def _write_verdict(self) -> None:
+        """incident.json (the verdict with the supervisor's facts), summary.md, report.txt."""
+        run, writer = self.run, self.writer
+        assert writer is not None and run.path is not None
+        prior = self.incident.get("supervisor")
+        # the supervisor may already have put its own facts here: keep them, ours fill in and win
+        doc = {**self.incident, "supervisor": {**(prior if isinstance(prior, dict) else {}), **self.facts}}
+        _try(run, "incident.json", lambda: writer.write_text(
+            "incident.json", json.dumps(doc, indent=2, default=_json_default) + "\n", run.abandon))
+        head = _summary(run.path.name, self.incident, self.trigger, self.facts, self.report_text)
+        _try(run, "summary.md", lambda: writer.write_text("summary.md", head, run.abandon))
+        _try(run, "report.txt", lambda: writer.write_text("report.txt", self.report_text, run.abandon))
+
+    def _inputs(self, runtime_dir: Path, incarnation: int, processes: list[ProcessInfo], now: float) -> CollectInputs:
+        config, ctx, trigger = self.config, self.ctx, self.trigger
+        stacks = self._stacks
+        if stacks is None:  # the hang watchdog leaves them on the context or on the trigger's event
+            stacks = getattr(ctx, "stacks", None) or getattr(getattr(trigger, "event", None), "extra", {}).get("stacks")
+            if not isinstance(stacks, dict):
+                stacks = None
+        lookback = 60.0
+        with contextlib.suppress(AttributeError):
+            lookback = float(config.watchers.kernel.lookback_s)
+        engine_cmd = None
+        with contextlib.suppress(AttributeError):
+            engine_cmd = list(config.engine.command)
+        inputs = CollectInputs(
+            incarnation=incarnation,
+            runtime_dir=runtime_dir,
+            started_at=self.facts["started_at"] or now,
+            ready_at=self.facts["ready_at"],
+            processes=processes,
+            trigger=trigger,
+            config=config,
+            log_cap_bytes=int(self.bcfg.log_cap_bytes),
+            kernel_lookback_s=lookback,
+            release_devcoredump=bool(self.bcfg.release_devcoredump),
+            engine_command=engine_cmd,
+            stacks=stacks,
+            incident=self.incident,
+        )
+        log_dir = getattr(ctx, "log_dir", None)
+        if log_dir:
+            inputs.log_dir = Path(log_dir)
+        kmsg_path, sysfs_drm = self._roots
+        if kmsg_path is not None:
+            inputs.kmsg_path = kmsg_path
+        if sysfs_drm is not None:
+            inputs.sysfs_drm = sysfs_drm
+        return inputs
+
+    def _run_collectors(self, which: list[tuple[str, Collector]]) -> None:
+        if not which or self.writer is None or self.inputs is None or self.run.abandon.is_set():
+            return
+        for o in run_collectors(which, self.inputs, self.writer, float(self.bcfg.collector_timeout_s)):
+            self.outcomes[o.name] = o
+            if o.status != "ok":
+                self.run.error(f"{o.name}: {o.error or o.status}")
+
+    def _prune(self) -> None:
+        run = self.run
+        assert run.path is not None
+        try:
+            _removed, errs = prune_bundles(self.bundles_dir, int(self.bcfg.keep), int(self.bcfg.max_bytes),
+                                           protect={run.path.name})
+            for err in errs:
+                run.error(f"retention: {err}")
+        except Exception as e:
+            run.error(f"retention: {type(e).__name__}: {e}")
+
+
+# Collectors whose evidence is complete only once the tree is stopped: the incarnation's logs
+# (the fallout of a death, e.g. EngineDeadError on every request, is written after it).
+AFTER_STOP = frozenset({"logs"})
+
+
+def _guarded(run: _Run, fn: Any) -> None:
     try:
-        _write(run, *args)
+        fn()
     except Exception as e:
         run.error(f"bundle writer failed: {type(e).__name__}: {e}")
         run.complete = False
@@ -342,50 +544,17 @@ def _make_bundle_dir(bundles_dir: Path, base: str) -> Path:
     raise FileExistsError(f"{bundles_dir}/{base}: too many bundles with this name")
 
 
-def _write(
-    run: _Run,
-    ctx: IncarnationContext,
-    trigger: Trigger,
-    incident: dict[str, Any],
-    report_text: str,
-    stacks: dict[int, str] | None,
-    collectors: list[tuple[str, Collector]] | None,
-    kmsg_path: Path | None,
-    sysfs_drm: Path | None,
-    prune: bool,
-    bcfg: Any,
-) -> None:
-    now = time.time()
-    config: Any = getattr(ctx, "config", None)
-    rd: Any = getattr(ctx, "runtime_dir", None) or getattr(config, "runtime_dir", None) or "."
-    runtime_dir = Path(rd)
-    incarnation = int(getattr(ctx, "incarnation", 0) or 0)
-    processes = _snapshot_processes(ctx)
-    if stacks is None:  # the hang watchdog leaves them on the context or on the trigger's event
-        stacks = getattr(ctx, "stacks", None) or getattr(getattr(trigger, "event", None), "extra", {}).get("stacks")
-        if not isinstance(stacks, dict):
-            stacks = None
-    incident = dict(incident) if isinstance(incident, dict) else {"cause": "unknown", "summary": str(incident)}
-    run.recovered = incident.get("recovered") is True
-
-    redactor = Redactor(gather_secrets(config, processes))
-    base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-i{incarnation}-{run.cause}"
-    bundles_dir = runtime_dir / BUNDLES_DIR
-    try:
-        path = _make_bundle_dir(bundles_dir, base)
-    except OSError as e:
-        run.error(f"cannot create a bundle under {bundles_dir}: {e.strerror or e}")
-        return
-    run.path = path
-    writer = BundleWriter(path, redactor)
-
-    # 1. the verdict and the supervisor's facts first: the most valuable part if the disk fills up
+def _facts(
+    ctx: Any, bundle_id: str, now: float, incarnation: int, trigger: Trigger, processes: list[ProcessInfo],
+    runtime_dir: Path, chash: str | None,
+) -> dict[str, Any]:
+    """incident.json's "supervisor" facts: the bundle, the trigger, the processes, the times."""
+    config = getattr(ctx, "config", None)
     started = float(getattr(ctx, "started_at", 0.0) or 0.0) or None
     ready = getattr(ctx, "ready_at", None)
     failed = trigger.at or now
-    chash = config_hash(config, redactor)
-    facts = {
-        "bundle_id": path.name,
+    return {
+        "bundle_id": bundle_id,
         "created_at": _utc_iso(now),
         "created_epoch": now,
         "incarnation": incarnation,
@@ -406,70 +575,6 @@ def _write(
         "config_hash": chash,
         "config_source": str(getattr(config, "source_path", None) or "") or None,
     }
-    prior = incident.get("supervisor")
-    # the supervisor may already have put its own facts here: keep them, ours fill in and win
-    doc = {**incident, "supervisor": {**(prior if isinstance(prior, dict) else {}), **facts}}
-    _try(run, "incident.json", lambda: writer.write_text(
-        "incident.json", json.dumps(doc, indent=2, default=_json_default) + "\n", run.abandon))
-    summary_head = _summary(path.name, incident, trigger, facts, report_text)
-    _try(run, "summary.md", lambda: writer.write_text("summary.md", summary_head, run.abandon))
-    _try(run, "report.txt", lambda: writer.write_text("report.txt", report_text, run.abandon))
-
-    # 2. the collectors, in parallel, each under collector_timeout_s
-    lookback = 60.0
-    with contextlib.suppress(AttributeError):
-        lookback = float(config.watchers.kernel.lookback_s)
-    engine_cmd = None
-    with contextlib.suppress(AttributeError):
-        engine_cmd = list(config.engine.command)
-    inputs = CollectInputs(
-        incarnation=incarnation,
-        runtime_dir=runtime_dir,
-        started_at=started or now,
-        ready_at=ready,
-        processes=processes,
-        trigger=trigger,
-        config=config,
-        log_cap_bytes=int(bcfg.log_cap_bytes),
-        kernel_lookback_s=lookback,
-        release_devcoredump=bool(bcfg.release_devcoredump),
-        engine_command=engine_cmd,
-        stacks=stacks,
-        incident=incident,
-    )
-    log_dir = getattr(ctx, "log_dir", None)
-    if log_dir:
-        inputs.log_dir = Path(log_dir)
-    if kmsg_path is not None:
-        inputs.kmsg_path = kmsg_path
-    if sysfs_drm is not None:
-        inputs.sysfs_drm = sysfs_drm
-    timeout_s = float(bcfg.collector_timeout_s)
-    outcomes = run_collectors(collectors if collectors is not None else DEFAULT_COLLECTORS, inputs, writer, timeout_s)
-    for o in outcomes:
-        if o.status != "ok":
-            run.error(f"{o.name}: {o.error or o.status}")
-    if run.abandon.is_set():
-        return
-
-    # 3. summary with the collector table, then the manifest (its presence = the writer finished)
-    _try(run, "summary.md", lambda: writer.write_text(
-        "summary.md", summary_head + _contents_table(outcomes), run.abandon))
-    tar_path = bundles_dir / f"{path.name}.tar.gz" if bcfg.tar else None
-    _write_manifest(run, writer, path, outcomes, tar_path=None, redactor=redactor)
-    if tar_path is not None:
-        _try(run, "tar", lambda: _make_tar(path, tar_path, time.monotonic() + timeout_s, run.abandon))
-        _write_manifest(run, writer, path, outcomes, tar_path=tar_path if tar_path.exists() else None,
-                        redactor=redactor)
-    with run.lock:
-        run.complete = not run.errors
-    if prune:
-        try:
-            _removed, errs = prune_bundles(bundles_dir, int(bcfg.keep), int(bcfg.max_bytes), protect={path.name})
-            for err in errs:
-                run.error(f"retention: {err}")
-        except Exception as e:
-            run.error(f"retention: {type(e).__name__}: {e}")
 
 
 def _try(run: _Run, what: str, fn: Any) -> None:

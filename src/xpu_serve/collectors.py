@@ -477,8 +477,24 @@ class CollectInputs:
     sysfs_drm: Path = Path("/sys/class/drm")
     log_dir: Path | None = None  # default RUNTIME/logs/<incarnation>
     incident: dict[str, Any] | None = None  # the verdict contract (root: process, file, line)
+    shm: list[str] | None = None  # host.txt's /dev/shm lines (`shm_listing`), None: read at the call
+    proc: ProcFacts = field(default_factory=lambda: ProcFacts())
     _kmsg: list[KernelRecord] | None = field(default=None, repr=False)
     _kmsg_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def capture_live(self, stacks_timeout_s: float) -> None:
+        """Take, before anything is killed, what only the live tree can give: the /proc facts of
+        every live process (`ProcFacts.capture`), the /dev/shm listing, the kernel ring buffer,
+        and for a hang, a stall or an operator snapshot without stacks, `py-spy dump` of every
+        live process (at most `stacks_timeout_s`). The collectors then read this snapshot, so
+        they may run while or after the tree is stopped. Never raises."""
+        live = [p for p in self.processes if p.exit_code is None and p.signal is None and procfs.alive(p.pid)]
+        self.proc.capture(live)
+        self.shm = shm_listing()
+        with contextlib.suppress(OSError):
+            self.kmsg_records(time.monotonic() + stacks_timeout_s)
+        if self.stacks is None and wants_stacks(self.trigger) and live:
+            self.stacks = dump_stacks([p.pid for p in live], max(0.5, stacks_timeout_s - 0.5))
 
     def kmsg_records(self, deadline: float | None = None) -> list[KernelRecord]:
         """The kernel ring buffer (`sources.kernel.read_kmsg(kmsg_path)`), read once and shared by the kernel
@@ -489,8 +505,76 @@ class CollectInputs:
             return self._kmsg
 
     def live_processes(self) -> list[ProcessInfo]:
-        """Processes not known to have exited whose /proc entry still exists (not a zombie)."""
+        """Processes not known to have exited whose /proc entry still exists (not a zombie); after
+        `capture_live`, those alive at the capture."""
+        if self.proc.live is not None:
+            return list(self.proc.live)
         return [p for p in self.processes if p.exit_code is None and p.signal is None and procfs.alive(p.pid)]
+
+
+class ProcFacts:
+    """What the collectors read of /proc/PID (environ, cmdline, cwd, exe, mapped files, cgroup):
+    read at the call until `capture(live)` has read them all for the live processes; from then on
+    only the captured values (None for a pid not captured), so a collector running after the stop
+    reports the tree as it was, never a recycled pid. Thread-safe (filled once, then read)."""
+
+    _KINDS = ("environ", "cmdline", "cwd", "exe", "mapped_paths", "cgroup")
+
+    def __init__(self) -> None:
+        self.live: list[ProcessInfo] | None = None
+        self._got: dict[tuple[str, int], Any] = {}
+
+    def capture(self, live: list[ProcessInfo]) -> None:
+        for p in live:
+            for kind in self._KINDS:
+                self._got[(kind, p.pid)] = self._read(kind, p.pid)
+        self.live = list(live)
+
+    @staticmethod
+    def _read(kind: str, pid: int) -> Any:
+        if kind == "cgroup":
+            return _cgroup_dir(pid)
+        return getattr(procfs, kind)(pid)
+
+    def _get(self, kind: str, pid: int) -> Any:
+        if self.live is None:
+            return self._read(kind, pid)
+        return self._got.get((kind, pid))
+
+    def environ(self, pid: int) -> dict[str, str] | None:
+        return self._get("environ", pid)  # type: ignore[no-any-return]
+
+    def cmdline(self, pid: int) -> list[str] | None:
+        return self._get("cmdline", pid)  # type: ignore[no-any-return]
+
+    def cwd(self, pid: int) -> str | None:
+        return self._get("cwd", pid)  # type: ignore[no-any-return]
+
+    def exe(self, pid: int) -> str | None:
+        return self._get("exe", pid)  # type: ignore[no-any-return]
+
+    def mapped_paths(self, pid: int) -> list[str] | None:
+        return self._get("mapped_paths", pid)  # type: ignore[no-any-return]
+
+    def cgroup(self, pid: int) -> Path | None:
+        return self._get("cgroup", pid)  # type: ignore[no-any-return]
+
+
+def shm_listing(limit: int = 200) -> list[str]:
+    """host.txt's /dev/shm lines: its size and use, then up to `limit` segments with their sizes
+    (taken before the stop: the sweep removes the incarnation's segments)."""
+    try:
+        du = shutil.disk_usage("/dev/shm")
+        out = [f"size {du.total} bytes, used {du.used}, free {du.free}"]
+        segs = sorted(Path("/dev/shm").iterdir())
+        for s in segs[:limit]:
+            with contextlib.suppress(OSError):
+                out.append(f"  {s.name} {s.stat().st_size}")
+        if len(segs) > limit:
+            out.append(f"  ... {len(segs) - limit} more")
+        return out
+    except OSError as e:
+        return [f"unreadable: {e.strerror}"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -705,15 +789,21 @@ def attribute_root_block(incident: dict[str, Any] | None, log_dir: Path) -> tupl
 _HANG_KINDS = {"hang", "startup-stall", "startup-timeout", "operator", "health"}  # health: timed out only
 
 
+def wants_stacks(trigger: Trigger) -> bool:
+    """True when a bundle of this trigger dumps the stacks of the live processes: a hang, a stall,
+    an operator snapshot, a /health probe that timed out."""
+    if trigger.kind == "health":
+        return trigger.detail.endswith(": timed out")
+    return trigger.kind in _HANG_KINDS
+
+
 def collect_stacks(inputs: CollectInputs, io: CollectorIO) -> None:
     """stacks/<pid>-<name>.txt: the stacks passed in by the caller (taken before the kill), or,
     for a hang, a stall or an operator snapshot without them, `py-spy dump` of every live process."""
     names = {p.pid: p.name for p in inputs.processes}
     stacks: dict[Any, str] | None = inputs.stacks
     if stacks is None:
-        if inputs.trigger.kind not in _HANG_KINDS or (
-            inputs.trigger.kind == "health" and not inputs.trigger.detail.endswith(": timed out")
-        ):
+        if not wants_stacks(inputs.trigger):
             io.note(f"no stacks for trigger kind {inputs.trigger.kind!r}")
             return
         live = [p.pid for p in inputs.live_processes()]
@@ -743,7 +833,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     live_pids = {p.pid for p in live}
     env = None
     for p in live:
-        env = procfs.environ(p.pid)
+        env = inputs.proc.environ(p.pid)
         if env is not None:
             lines.append(f"# environment of pid {p.pid} ({p.name}) from /proc/{p.pid}/environ, redacted")
             break
@@ -754,7 +844,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines += [f"{k}={v}" for k, v in sorted(red.items())]
     # the other processes' environments as differences (vLLM and oneCCL set per-rank variables)
     for p in live[1:]:
-        other = procfs.environ(p.pid)
+        other = inputs.proc.environ(p.pid)
         if other is None or other == env:
             continue
         o = io.writer.redactor.env(other)
@@ -764,7 +854,7 @@ def collect_env(inputs: CollectInputs, io: CollectorIO) -> None:
     lines.append("")
     lines.append("# argv of the incarnation's processes (/proc/PID/cmdline), redacted")
     for p in inputs.processes:
-        argv = procfs.cmdline(p.pid) if p.pid in live_pids else None
+        argv = inputs.proc.cmdline(p.pid) if p.pid in live_pids else None
         state = "alive" if p.pid in live_pids else "exited"
         shown = " ".join(io.writer.redactor.argv(argv)) if argv else "(not available)"
         lines.append(f"pid {p.pid} {p.name} [{state}]: {shown}")
@@ -840,9 +930,9 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
     $VIRTUAL_ENV/bin/python of its environment, else /proc/PID/exe. Without one: the shebang of
     the config's engine command. Returns (path or None, how, that process's env, its cwd)."""
     for p in inputs.live_processes():
-        env = procfs.environ(p.pid)
-        cwd = procfs.cwd(p.pid)
-        argv = procfs.cmdline(p.pid) or []
+        env = inputs.proc.environ(p.pid)
+        cwd = inputs.proc.cwd(p.pid)
+        argv = inputs.proc.cmdline(p.pid) or []
         if argv and "python" in os.path.basename(argv[0]):
             cand = argv[0]
             if os.sep not in cand:
@@ -854,7 +944,7 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
         venv = (env or {}).get("VIRTUAL_ENV")
         if venv and os.access(os.path.join(venv, "bin", "python"), os.X_OK):
             return os.path.join(venv, "bin", "python"), f"$VIRTUAL_ENV of {p.name} (pid {p.pid})", env, cwd
-        exe = procfs.exe(p.pid)
+        exe = inputs.proc.exe(p.pid)
         if exe and "python" in os.path.basename(exe):
             return exe, f"/proc/{p.pid}/exe of {p.name}", env, cwd
     cmd = inputs.engine_command or []
@@ -877,12 +967,12 @@ def engine_interpreter(inputs: CollectInputs) -> tuple[str | None, str, dict[str
     return None, "no live engine process and no interpreter found for engine.command", None, None
 
 
-def mapped_libraries(pids: Iterable[int]) -> dict[int, list[str]]:
+def mapped_libraries(pids: Iterable[int], proc: ProcFacts | None = None) -> dict[int, list[str]]:
     """GPU runtime libraries (Level Zero, IGC, SYCL, UR, oneCCL, MPI) each process has mapped,
-    from /proc/PID/maps (proc(5): the path is the 6th field). pid -> sorted paths."""
+    from /proc/PID/maps (proc(5): the path is the 6th field; `proc`: as captured). pid -> sorted paths."""
     out: dict[int, list[str]] = {}
     for pid in pids:
-        paths = procfs.mapped_paths(pid)
+        paths = (proc or ProcFacts()).mapped_paths(pid)
         if paths is not None:
             out[pid] = sorted(p.strip() for p in paths if _LIB_RE.search(p))
     return out
@@ -945,7 +1035,7 @@ def collect_versions(inputs: CollectInputs, io: CollectorIO) -> None:
     lines += fw or ["no GuC/HuC/GSC firmware line in the kernel ring buffer"]
     lines += ["", "## GPU runtime libraries mapped (/proc/PID/maps)"]
     live = inputs.live_processes()
-    libs = mapped_libraries(p.pid for p in live)
+    libs = mapped_libraries((p.pid for p in live), inputs.proc)
     names = {p.pid: p.name for p in live}
     if not live:
         lines.append("no live engine process to read")
@@ -984,17 +1074,7 @@ def collect_host(inputs: CollectInputs, io: CollectorIO) -> None:
     except OSError as e:
         out.append(f"unreadable: {e.strerror}")
     out += ["", "## /dev/shm"]
-    try:
-        du = shutil.disk_usage("/dev/shm")
-        out.append(f"size {du.total} bytes, used {du.used}, free {du.free}")
-        segs = sorted(Path("/dev/shm").iterdir())
-        for s in segs[:200]:
-            with contextlib.suppress(OSError):
-                out.append(f"  {s.name} {s.stat().st_size}")
-        if len(segs) > 200:
-            out.append(f"  ... {len(segs) - 200} more")
-    except OSError as e:
-        out.append(f"unreadable: {e.strerror}")
+    out += inputs.shm if inputs.shm is not None else shm_listing()
     out += ["", "## load"]
     with contextlib.suppress(OSError):
         out.append(f"/proc/loadavg: {Path('/proc/loadavg').read_text().strip()}; cpus: {os.cpu_count()}")
@@ -1003,7 +1083,7 @@ def collect_host(inputs: CollectInputs, io: CollectorIO) -> None:
     owners: list[tuple[str, int | str]] = [("supervisor", "self")]
     owners += [(f"{p.name} pid {p.pid}", p.pid) for p in inputs.live_processes()[:1]]
     for label, pid in owners:
-        d = _cgroup_dir(pid)
+        d = _cgroup_dir(pid) if pid == "self" else inputs.proc.cgroup(int(pid))
         if d is None or d in seen:
             continue
         seen.add(d)
