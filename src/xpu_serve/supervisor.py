@@ -248,6 +248,8 @@ class Supervisor:
         try:
             return await self._supervise()
         finally:
+            with contextlib.suppress(Exception):
+                await self.capture.finished()
             await self.tasks.cancel()
             for t in tasks:
                 t.cancel()
@@ -275,26 +277,25 @@ class Supervisor:
         await self._begin()
         while True:
             if self._stop_requested:
-                return self._stopped()
+                return await self._stopped()
             refused = await self._refused()
             if refused is not None:  # gave-up at once: another program's port, a bad host
-                return self._give_up(exitcodes.GAVE_UP_AT_ONCE, refused)
+                return await self._give_up(exitcodes.GAVE_UP_AT_ONCE, refused)
             ctx = await self._starting()  # starting -> ready, until a trigger, a stop or SIGHUP
             failed = ctx.trigger is not None
             if failed and not self._stop_requested:
                 captured = await self._capturing(ctx)  # failed -> capturing
-                await self._stopping(ctx)  # -> stopping
+                await self._stopping(ctx, captured)  # -> stopping; the bundle is finished meanwhile
                 if self._stop_requested:
-                    return self._stopped()
+                    return await self._stopped()
                 code = await self._backoff(ctx, captured)  # -> backoff or gave-up
                 if code is not None:
                     return code
                 continue
-            if failed:  # a failure that raced with a stop or SIGHUP is still captured
-                await self._capturing(ctx)
-            await self._stopping(ctx)
+            # a failure that raced with a stop or SIGHUP is still captured
+            await self._stopping(ctx, await self._capturing(ctx) if failed else None)
             if self._stop_requested:
-                return self._stopped()
+                return await self._stopped()
             self._restart_requested = False  # SIGHUP: starting again at once
             self.restarts += 1
             self.log.emit("restart", f"SIGHUP: {self.policy.planned_restart(time.monotonic()).reason}")
@@ -307,12 +308,14 @@ class Supervisor:
             return f"engine.host: {bad_host}"
         return await self.engine.port_problem(self._lock.path)
 
-    def _stopped(self) -> int:
+    async def _stopped(self) -> int:
+        await self.capture.finished()  # the last incident's bundle is finished before the exit
         self._set_state("stopped")
         self.log.emit("stopped", "server stopped; exit 0")
         return exitcodes.OK
 
-    def _give_up(self, code: int, reason: str) -> int:
+    async def _give_up(self, code: int, reason: str) -> int:
+        await self.capture.finished()
         self.next_restart_at = None
         self._set_state("gave-up", reason)
         self.log.emit("gave-up", reason, exit_code=code)
@@ -439,23 +442,34 @@ class Supervisor:
     # ---- capturing, stopping, backoff --------------------------------------------------------
 
     async def _capturing(self, ctx: Incarnation) -> Captured:
-        """Record the incident (analysis and bundle) before anything is killed; tell observers."""
+        """Record the evidence of the incident (analysis, the bundle's live part) before anything
+        is killed; the bundle's other collectors start in a thread."""
         assert ctx.trigger is not None
         self._set_state("capturing", ctx.trigger.detail)
         got = await self.capture.run(ctx, self.restarts)
         self.last_incident = got.last_incident(ctx.trigger.at)
         self.statefile.write()
-        self.capture.announce(ctx, got)
-        self._tell("on_incident", got.contract, got.bundle)
         return got
 
-    async def _stopping(self, ctx: Incarnation) -> None:
+    async def _stopping(self, ctx: Incarnation, got: Captured | None) -> None:
         """Stop the tree, sweep, verify, remove leftovers, wait for the port (`Engine.stop`).
-        After a hang verdict, whose evidence is captured, what cannot exit gets SIGKILL early."""
+        After a hang verdict, whose evidence is captured, what cannot exit gets SIGKILL early.
+        Then the incident's bundle is finished in a task (`Capture.finish`) that may overlap
+        the next start; `_incident` tells of it when it is written."""
         await self.tasks.cancel()
         self._set_state("stopping")
         hang = ctx.trigger is not None and fallback_cause(ctx.trigger.kind, ctx.trigger.detail) == "engine-hang"
         await self.engine.stop(ctx, self._kill_now, hang, self.lines.drain)
+        if got is not None:
+            self.capture.finish(ctx, got, lambda done: self._incident(ctx, done))
+
+    def _incident(self, ctx: Incarnation, got: Captured) -> None:
+        """The incident's bundle is finished: state.json, the `incident` event, observers."""
+        assert ctx.trigger is not None
+        self.last_incident = got.last_incident(ctx.trigger.at)
+        self.statefile.write()
+        self.capture.announce(ctx, got)
+        self._tell("on_incident", got.contract, got.bundle)
 
     async def _backoff(self, ctx: Incarnation, got: Captured) -> int | None:
         """The restart policy's decision: gave-up (returns the exit code) or backoff, then None."""
@@ -468,10 +482,10 @@ class Supervisor:
         if d.action == "give-up":
             code = d.exit_code if d.exit_code is not None else exitcodes.GAVE_UP
             if fatal:
-                return self._give_up(
+                return await self._give_up(
                     code, f"{cause}: {got.contract.get('summary') or trig.detail} (a restart cannot fix this)"
                 )
-            return self._give_up(code, f"{d.reason}; last cause: {cause}")
+            return await self._give_up(code, f"{d.reason}; last cause: {cause}")
         self._wake.clear()
         if self._restart_requested:  # SIGHUP while capturing: restart now
             self._wake.set()
@@ -483,7 +497,7 @@ class Supervisor:
         forced = await backoff.run(d, cause, kernel_watcher(self.watchers), self._wake, self.log, show)
         self.next_restart_at = None
         if self._stop_requested:
-            return self._stopped()
+            return await self._stopped()
         if forced:
             self.log.emit("restart", "SIGHUP: restarting although the device check has not passed")
         self._restart_requested = False

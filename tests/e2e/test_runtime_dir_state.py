@@ -94,11 +94,12 @@ def test_second_up_refuses_while_the_recorded_supervisor_lives_without_its_lock_
 
 
 def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_factory: Any, tmp_path: Path) -> None:
-    """A worker SIGSEGV, and the supervisor SIGKILLed while it writes the bundle (a slow `xpu-smi`
-    holds the host collector): the incident had no bundle, the next `up` moved logs/1 to
-    logs/1.prev and the `up` after that replaced it, the only copy of the crash. Now the next `up`
-    writes the bundle from the kept logs (recovered: true, cause process-crash) before it moves
-    them, and a third `up` leaves that bundle and its logs alone."""
+    """A worker SIGSEGV, and the supervisor SIGKILLed while it finishes the bundle after the stop
+    (a slow `xpu-smi` holds the host collector; the next incarnation may be starting): the
+    incident had no bundle, the next `up` moved logs/1 to logs/1.prev and the `up` after that
+    replaced it, the only copy of the crash. Now the next `up` writes the bundle from the kept
+    logs (recovered: true, cause process-crash) before it moves them, and a third `up` leaves
+    that bundle and its logs alone."""
     fake = tmp_path / "bin"
     fake.mkdir()
     pids = tmp_path / "xpu-smi.pids"
@@ -109,7 +110,7 @@ def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_facto
     u.write_config()
     try:
         u.start(env={"PATH": f"{fake}:{os.environ['PATH']}"})
-        u.wait_for(lambda: u.state().get("state") == "capturing" and pids.exists(), 60, "capture in xpu-smi")
+        u.wait_for(lambda: u.events("cleaned") and pids.exists(), 60, "the bundle finished in xpu-smi")
         assert (u.runtime / "logs" / "1" / "incident-pending.json").exists()
         u.proc.kill()
         u.proc.wait(10)

@@ -1,10 +1,16 @@
-"""`Capture`: the incident of a failed incarnation, recorded before anything is killed.
+"""`Capture`: the incident of a failed incarnation; its evidence recorded before anything is
+killed, its bundle finished once the tree is stopped.
 
-Settle (the dying tree's last lines, up to 1 s), flush (the log pump's queued lines), the kernel
+Before the stop (`run`): settle (a living tree's last lines, up to 1 s; none after a process
+exit, whose last lines are in the pipe), flush (the log pump's queued lines), the kernel
 watcher's settle for its record of a fault, analyse (`diagnosis.Analyzer`: the analysis alone
-names the root, completed with the trigger it was fed as a fact: analysis/supervised.py), bundle
-(`bundle.write_incident_bundle`). A marker (`recovery`) lets the next `up` write the bundle when
-the supervisor is killed mid-capture.
+names the root, completed with the trigger it was fed as a fact: analysis/supervised.py), and
+the bundle's first step (`bundle.IncidentBundle.begin`: verdict files, /proc facts, stacks, the
+kernel window); its collectors then run in a thread while the tree is stopped. After the stop
+(`finish`, in a task that may overlap the next start): the verdict recomputed from the whole
+log (the fallout of the death is in it), the logs and bundle.json, then the `incident` event.
+A marker (`recovery`) lets the next `up` write the bundle when the supervisor is killed before
+the bundle is finished.
 """
 
 from __future__ import annotations
@@ -34,11 +40,15 @@ _KERNEL_RECORDED_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "
 @dataclass
 class Captured:
     """What a capture produced: the verdict contract (incident.json), the Analyzer's incident
-    object (None when the analysis failed) and the bundle folder (None when none was written)."""
+    object (None when the analysis failed) and the bundle folder (None when none was written);
+    before the stop the verdict of the log so far, after `Capture.finish` of the whole log."""
 
     contract: dict[str, Any]
     incident: Any
     bundle: str | None
+    restarts: int = 0
+    job: Any = None  # the bundle being written (`bundle.IncidentBundle`)
+    collecting: asyncio.Future[Any] | None = None  # its collectors, running while the tree stops
 
     def last_incident(self, at: float) -> dict[str, Any]:
         """state.json's `last_incident` of an incident whose trigger fired at `at` (epoch s)."""
@@ -52,7 +62,8 @@ class Captured:
 
 
 class Capture:
-    """Settle, flush, analyse, bundle: `await run(ctx, restarts)`.
+    """Settle, flush, analyse, bundle: `await run(ctx, restarts)` before the stop, then
+    `finish(ctx, got, done)` after it.
 
     Args:
         log: the EventLog; run_id: this supervisor's run.
@@ -72,17 +83,73 @@ class Capture:
     ):
         self.log, self.run_id, self.watchers = log, run_id, watchers
         self._progress, self._drain, self._prove = progress, drain, prove_segments
+        self._finishing: asyncio.Task[None] | None = None
 
     async def run(self, ctx: Incarnation, restarts: int) -> Captured:
+        """Before the stop: settle, flush, analyse, and the bundle's first step (`IncidentBundle.
+        begin`: the verdict files and what only the live tree gives); its collectors then run in
+        a thread while the tree is stopped. `finish` completes it after the stop."""
         trig = ctx.trigger
         assert trig is not None
+        await self.finished()  # an earlier incident's bundle first (retention must not prune it)
         recovery.mark_pending(ctx.log_dir, self._pending_marker(ctx, restarts))
-        await self._settle()
+        if trig.kind != "process-exit":
+            # a dead process's last lines are in the pipe at its exit (the flush reads them); a
+            # living tree may still be writing what the trigger followed
+            await self._settle()
         if ctx.pump is not None:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
             self._drain()
         await self._settle_kernel(ctx)
         self._prove(ctx)
+        got = self._verdict(ctx, trig, restarts)
+        got.job = await asyncio.to_thread(self._begin_bundle, ctx, trig, got)
+        got.bundle = str(got.job.run.path) if got.job.run.path else None
+        loop = asyncio.get_running_loop()
+        got.collecting = loop.run_in_executor(None, got.job.collect)
+        return got
+
+    def finish(self, ctx: Incarnation, got: Captured, done: Callable[[Captured], None]) -> None:
+        """After the stop (the tree's log closed): the bundle's last step in a task, with the
+        verdict recomputed from the whole log (the fallout of the death is in it now); then
+        `done(got)`. The next incarnation may start meanwhile; `finished()` waits for it."""
+        self._finishing = asyncio.get_running_loop().create_task(self._finish(ctx, got, done))
+
+    async def finished(self) -> None:
+        """Wait for the bundle `finish` is writing, if any (the supervisor exits only after it)."""
+        task, self._finishing = self._finishing, None
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _finish(self, ctx: Incarnation, got: Captured, done: Callable[[Captured], None]) -> None:
+        """`finish`'s task; never raises (a bug here must not stop supervision)."""
+        try:
+            await self._finish_bundle(ctx, got)
+        except Exception as ex:
+            self.log.emit("warning", f"bundle: {type(ex).__name__}: {ex}")
+        try:
+            done(got)
+        except Exception as ex:  # (an observer's failure must not lose the incident)
+            self.log.emit("warning", f"incident: {type(ex).__name__}: {ex}")
+
+    async def _finish_bundle(self, ctx: Incarnation, got: Captured) -> None:
+        trig = ctx.trigger
+        assert trig is not None
+        if got.collecting is not None:
+            await got.collecting
+        again = self._verdict(ctx, trig, got.restarts)
+        got.contract, got.incident = again.contract, again.incident
+        if got.job is None:
+            return
+        text = report_text(got.incident, got.contract, ctx)
+        res = await asyncio.to_thread(got.job.finish, got.contract, text)
+        if res.errors and res.path is not None:  # (no folder at all: `run` said so)
+            self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
+        if res.path is not None:
+            recovery.clear_pending(ctx.log_dir)
+
+    def _verdict(self, ctx: Incarnation, trig: Trigger, restarts: int) -> Captured:
+        """The analysis of everything fed so far, as the contract with the supervisor's facts."""
         incident: Any = None
         contract: dict[str, Any] = {}
         if ctx.analyzer is not None:
@@ -102,10 +169,20 @@ class Capture:
             "failed_at": trig.at,
             "processes": [vars(p).copy() for p in ctx.processes.values()],
         }
-        bundle = await self._write_bundle(ctx, trig, incident, contract)
-        if bundle:
-            recovery.clear_pending(ctx.log_dir)
-        return Captured(contract, incident, bundle)
+        return Captured(contract, incident, None, restarts=restarts)
+
+    def _begin_bundle(self, ctx: Incarnation, trig: Trigger, got: Captured) -> Any:
+        """`IncidentBundle.begin` (blocking); a problem is a warning, never the end of supervision."""
+        from xpu_serve.bundle import IncidentBundle
+
+        # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
+        stacks = trig.event.extra.get("stacks") if trig.event is not None else None
+        job = IncidentBundle(ctx, trig, got.contract, report_text(got.incident, got.contract, ctx),
+                             stacks if isinstance(stacks, dict) else None)
+        res = job.begin()
+        if res.path is None:
+            self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
+        return job
 
     def announce(self, ctx: Incarnation, got: Captured) -> None:
         """The `incident` event, then the compact report (`report.render_compact`) as one
@@ -175,23 +252,6 @@ class Capture:
             "trigger": _trigger_fields(trig) if trig is not None else None,
             "processes": [dict(vars(p), exited_at=ctx.exited.get(p.pid)) for p in ctx.processes.values()],
         }
-
-    async def _write_bundle(
-        self, ctx: Incarnation, trig: Trigger, incident: Any, contract: dict[str, Any]
-    ) -> str | None:
-        """The bundle (xpu_serve.bundle), written in a thread so signals are still handled."""
-        from xpu_serve.bundle import write_incident_bundle
-
-        text = report_text(incident, contract, ctx)
-        # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
-        stacks = trig.event.extra.get("stacks") if trig.event is not None else None
-        if not isinstance(stacks, dict):
-            stacks = None
-        res = await asyncio.to_thread(write_incident_bundle, ctx, trig, contract, text, stacks)
-        if getattr(res, "errors", None):
-            self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
-        path = getattr(res, "path", None)
-        return str(path) if path else None
 
 
 async def recover_pending(
