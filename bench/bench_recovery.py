@@ -5,9 +5,10 @@ Runs `xpu-serve up` on the simulator, kills the ready incarnation's worker 0 wit
 POSTs a 1-token `/v1/completions` every 20 ms until one answers 200; the figure is kill -> that
 answer. Each kill also checks the incident's bundle exists and is complete (`bundle.json`).
 With `--compare-src DIR` the same is measured with another tree's src/ (e.g. a `git archive` of
-an earlier commit), alternated with this one, for a before/after in one run.
+an earlier commit), alternated with this one (`--rounds` rounds of `--kills` kills each: this,
+compare, this, compare...), for a before/after in one run.
 
-    .venv/bin/python bench/bench_recovery.py [--kills 5] [--compare-src DIR]
+    .venv/bin/python bench/bench_recovery.py [--kills 5] [--rounds 1] [--compare-src DIR]
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ def run_kills(kills: int, env: dict[str, str] | None) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--compare-src", type=Path)
     a = ap.parse_args()
-    runs = {"this": run_kills(a.kills, None)}
-    if a.compare_src:
-        runs["compare"] = run_kills(a.kills, {**os.environ, "PYTHONPATH": str(a.compare_src.resolve())})
+    runs: dict[str, list[float]] = {"this": []}
+    for _ in range(a.rounds):
+        runs["this"] += run_kills(a.kills, None)
+        if a.compare_src:
+            env = {**os.environ, "PYTHONPATH": str(a.compare_src.resolve())}
+            runs.setdefault("compare", []).extend(run_kills(a.kills, env))
     for name, xs in runs.items():
         print(f"{name:8s} kill -> answering: median {statistics.median(xs):.3f} s (" + ", ".join(f"{x:.2f}" for x in xs) + ")")
     if a.compare_src:

@@ -75,7 +75,9 @@ def test_kernel_settle_waits_for_a_late_segfault_record(tmp_path: Path) -> None:
 @pytest.mark.skipif(not kmsg_readable(), reason="/dev/kmsg is not readable here (needs root or CAP_SYSLOG)")
 def test_kernel_settle_from_kmsg_ends_within_the_short_kmsg_window() -> None:
     """From the real /dev/kmsg (read only), a death with no crash record (a `kill -9` from user
-    space) settles within KMSG_SETTLE_S, not the configured settle_s (3 s here)."""
+    space) settles as soon as the watch has read the ring buffer to its end (a crash record is
+    in it by the time the exit is seen), well within KMSG_SETTLE_S, not the configured settle_s
+    (3 s here)."""
     from xpu_serve.watchers import KMSG_SETTLE_S
 
     cfg = make_config(source="kmsg")
@@ -94,7 +96,7 @@ def test_kernel_settle_from_kmsg_ends_within_the_short_kmsg_window() -> None:
 
     kind, got, waited = asyncio.run(main())
     assert kind == "kmsg" and got is False
-    assert KMSG_SETTLE_S * 0.5 <= waited < 1.0, waited
+    assert waited < KMSG_SETTLE_S * 0.5, waited
 
 
 def test_kernel_settle_gives_up_after_settle_s_and_when_not_reading(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import subprocess
 import threading
 import time
@@ -118,6 +119,17 @@ def is_wedged(ev: Event) -> bool:
 KMSG_SETTLE_S = 0.05
 
 
+def _readable(fd: int | None) -> bool:
+    """True when `fd` has data to read now (poll(2) with no wait); False for None or an error
+    (a closed fd: nothing more will be read from it)."""
+    if fd is None:
+        return False
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
 class KernelWatcher:
     """Kernel log watch for one supervisor (config `watchers.kernel`).
 
@@ -149,6 +161,7 @@ class KernelWatcher:
         self.crash_pids: set[int | None] = set()  # this incarnation's processes with a crash record
         self._crash_seen: asyncio.Event | None = None
         self._reading = False
+        self._fd: int | None = None  # the kmsg reader's fd while it reads
         self.kmsg_path = kmsg_path
         self.sysfs_drm = sysfs_drm
         self.source_kind: str | None = None
@@ -220,18 +233,24 @@ class KernelWatcher:
         is sent (arch/x86/mm/fault.c show_signal_msg, then force_sig_fault); the OOM killer's
         "Killed process" line right after its SIGKILL (mm/oom_kill.c __oom_kill_process), while
         the victim is still freeing its memory. From `/dev/kmsg`, read as soon as it is readable,
-        such a record is in within KMSG_SETTLE_S of the exit; journalctl and files deliver later
-        (a file is read every 50 ms), so they get the whole `settle_s`. True when one is (or was
-        already) recorded; False at once when the watch is not reading (no source, not running),
-        else False after the wait."""
+        such a record is in the ring buffer by the time the exit is seen: the settle ends as soon
+        as the watch has read the buffer to its end (its fd not readable; within KMSG_SETTLE_S).
+        journalctl and files deliver later (a file is read every 50 ms), so they get the whole
+        `settle_s`. True when one is (or was already) recorded; False at once when the watch is
+        not reading (no source, not running), else False after the wait."""
         if not pids or not self._reading or self._crash_seen is None:
             return False
         if self._crash_seen.is_set():
             return True
         limit = self.settle_s if max_s is None else max_s
-        if self.source_kind == "kmsg":
-            limit = min(limit, KMSG_SETTLE_S)
-        return await aio.wait_event(self._crash_seen, limit)
+        if self.source_kind != "kmsg":
+            return await aio.wait_event(self._crash_seen, limit)
+        end = time.monotonic() + min(limit, KMSG_SETTLE_S)
+        # (the reader handles what it reads before it awaits again: an fd with nothing to read
+        # means every record in the ring buffer now has been handled)
+        while _readable(self._fd) and time.monotonic() < end and not self._crash_seen.is_set():
+            await asyncio.sleep(0.002)
+        return self._crash_seen.is_set()
 
     def recent_gpu_faults(self, within_s: float) -> list[Event]:
         """GPU fault events seen in the last `within_s` seconds (oldest first)."""
@@ -250,6 +269,7 @@ class KernelWatcher:
             ksrc.open_source, self.cfg.source, self.cfg.path, since, self.last_seq, self.kmsg_path
         )
         self.source_kind, self.source_reason = src.kind, src.reason
+        self._fd = getattr(src, "fd", None)
         if src.kind == "none":
             if not self._warned:
                 self._warned = True
@@ -273,6 +293,7 @@ class KernelWatcher:
             raise
         finally:
             self._reading = False
+            self._fd = None
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
