@@ -148,3 +148,35 @@ def test_sigterm_while_the_bundle_is_finished_completes_it_and_exits_0(
     assert up.events()[-1]["event"] == "stopped"
     assert not (up.runtime / "logs" / "1" / "incident-pending.json").exists()
     assert "leaked shared_memory objects" in (folder / "logs" / "vllm.log").read_text()
+
+
+def test_a_second_incident_while_the_first_bundle_is_finished(sim_up_factory: Any, tmp_path: Path) -> None:
+    """Every incarnation dies (SIGSEGV) while the bundle of the one before is still being
+    written (about 3 s of xpu-smi): the second capture does not wait for the first bundle, both
+    bundles are complete, each holds its own incarnation's log, and the incidents are told in
+    order."""
+    os_env, _pids = _slow_xpu_smi(tmp_path, 1.0)
+    up = sim_up_factory(
+        "worker-segv rank=2 after=50",
+        os_env=os_env,
+        extra={
+            "bundles.collector_timeout_s": 20,
+            "supervision.restart": {"initial_delay_s": 0.01, "max_failures": 5},
+        },
+    )
+    second = up.wait_event("incident", 120, after=1)
+    names = _names(up)
+    failed_2 = [i for i, n in enumerate(names) if n == "failed"][1]
+    assert failed_2 < names.index("incident"), names  # captured before the first bundle was done
+    assert up.stop() == 0
+    first = up.events()
+    bundles = [Path(e["bundle"]) for e in first if e.get("event") == "incident"][:2]
+    assert Path(second["bundle"]) == bundles[1]
+    for n, b in enumerate(bundles, 1):
+        manifest = json.loads((b / "bundle.json").read_text())
+        assert manifest["complete"] is True, manifest["errors"]
+        inc = json.loads((b / "incident.json").read_text())
+        assert inc["supervisor"]["incarnation"] == n and inc["cause"] == "process-crash"
+        assert (b / "logs" / "vllm.log").read_text() == (
+            up.runtime / "logs" / str(n) / "vllm.log"
+        ).read_text()

@@ -83,7 +83,7 @@ class Capture:
     ):
         self.log, self.run_id, self.watchers = log, run_id, watchers
         self._progress, self._drain, self._prove = progress, drain, prove_segments
-        self._finishing: asyncio.Task[None] | None = None
+        self._finishing: list[asyncio.Task[None]] = []
 
     async def run(self, ctx: Incarnation, restarts: int) -> Captured:
         """Before the stop: settle, flush, analyse, and the bundle's first step (`IncidentBundle.
@@ -91,7 +91,6 @@ class Capture:
         a thread while the tree is stopped. `finish` completes it after the stop."""
         trig = ctx.trigger
         assert trig is not None
-        await self.finished()  # an earlier incident's bundle first (retention must not prune it)
         recovery.mark_pending(ctx.log_dir, self._pending_marker(ctx, restarts))
         if trig.kind != "process-exit":
             # a dead process's last lines are in the pipe at its exit (the flush reads them); a
@@ -113,18 +112,27 @@ class Capture:
         """After the stop (the tree's log closed): the bundle's last step in a task, with the
         verdict recomputed from the whole log (the fallout of the death is in it now); then
         `done(got)`. The next incarnation may start meanwhile; `finished()` waits for it."""
-        self._finishing = asyncio.get_running_loop().create_task(self._finish(ctx, got, done))
+        earlier = [t for t in self._finishing if not t.done()]
+        task = asyncio.get_running_loop().create_task(self._finish(ctx, got, done, earlier))
+        self._finishing = [*earlier, task]
 
     async def finished(self) -> None:
-        """Wait for the bundle `finish` is writing, if any (the supervisor exits only after it)."""
-        task, self._finishing = self._finishing, None
-        if task is not None:
+        """Wait for the bundles `finish` is writing, if any (the supervisor exits only after them)."""
+        tasks, self._finishing = self._finishing, []
+        for task in tasks:
             await asyncio.shield(task)
 
-    async def _finish(self, ctx: Incarnation, got: Captured, done: Callable[[Captured], None]) -> None:
-        """`finish`'s task; never raises (a bug here must not stop supervision)."""
+    async def _finish(
+        self,
+        ctx: Incarnation,
+        got: Captured,
+        done: Callable[[Captured], None],
+        earlier: list[asyncio.Task[None]],
+    ) -> None:
+        """`finish`'s task, after the bundles of `earlier` incidents (retention must not prune a
+        bundle being written); never raises (a bug here must not stop supervision)."""
         try:
-            await self._finish_bundle(ctx, got)
+            await self._finish_bundle(ctx, got, earlier)
         except Exception as ex:
             self.log.emit("warning", f"bundle: {type(ex).__name__}: {ex}")
         try:
@@ -132,11 +140,15 @@ class Capture:
         except Exception as ex:  # (an observer's failure must not lose the incident)
             self.log.emit("warning", f"incident: {type(ex).__name__}: {ex}")
 
-    async def _finish_bundle(self, ctx: Incarnation, got: Captured) -> None:
+    async def _finish_bundle(
+        self, ctx: Incarnation, got: Captured, earlier: list[asyncio.Task[None]]
+    ) -> None:
         trig = ctx.trigger
         assert trig is not None
         if got.collecting is not None:
             await got.collecting
+        for task in earlier:
+            await asyncio.shield(task)
         again = self._verdict(ctx, trig, got.restarts)
         got.contract, got.incident = again.contract, again.incident
         if got.job is None:
@@ -177,8 +189,13 @@ class Capture:
 
         # the hang watchdog dumps the stacks before it fails the incarnation (event.extra["stacks"])
         stacks = trig.event.extra.get("stacks") if trig.event is not None else None
-        job = IncidentBundle(ctx, trig, got.contract, report_text(got.incident, got.contract, ctx),
-                             stacks if isinstance(stacks, dict) else None)
+        job = IncidentBundle(
+            ctx,
+            trig,
+            got.contract,
+            report_text(got.incident, got.contract, ctx),
+            stacks if isinstance(stacks, dict) else None,
+        )
         res = job.begin()
         if res.path is None:
             self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
