@@ -15,8 +15,10 @@ Layout (docs/bundles.md has the full description):
 
 Who calls what:
 
-- the supervisor, in its capturing state, before it kills anything:
-  `write_incident_bundle(ctx, trigger, incident, report_text, stacks)` -> `BundleResult`;
+- the supervisor: `IncidentBundle(ctx, trigger, incident, report_text, stacks)`, `begin()` in its
+  capturing state before it kills anything, `collect()` while the tree is stopped, `finish(...)`
+  after the stop with the verdict of the whole log -> `BundleResult`;
+- recovery after a kill -9 and snapshots: `write_incident_bundle` (the three steps at once);
 - `xpu-serve bundles list|show|path` -> `list_bundles`, `find_bundle`;
 - `xpu-serve bundle` -> `request_bundle` (answered by `BundleRequestWatcher` inside a running
   supervisor) or `write_snapshot_bundle` standalone.
