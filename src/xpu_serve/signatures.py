@@ -66,6 +66,7 @@ CAUSES = (
     "engine-hang",
     "startup-hang",
     "config-error",
+    "node-unreachable",
     "unknown",
 )
 SOURCES = ("vllm", "ccl", "kernel", "process", "health", "supervisor", "text")
@@ -78,6 +79,7 @@ CAUSE_WEIGHT = {
     "device-oom": 72,
     "device-lost": 70,
     "collective-failure": 65,
+    "node-unreachable": 60,
     "process-exception": 50,
     "process-crash": 40,
     "engine-hang": 20,

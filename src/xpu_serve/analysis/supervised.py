@@ -86,6 +86,12 @@ def fallback_cause(kind: str, detail: str) -> str:
         "startup-timeout": "startup-hang",
         "hang": "engine-hang",
         "config": "config-error",
+        # a multi-node group (group/watcher.py): a follower's death, a lost node, a node that
+        # never joined the rendezvous
+        "node-death": "process-crash",
+        "node-unreachable": "node-unreachable",
+        "head-lost": "node-unreachable",
+        "rendezvous-stall": "startup-hang",
     }.get(kind, "unknown")
 
 

@@ -104,16 +104,21 @@ class GroupHead:
         epoch: the first epoch (>= 1).
         wall: the head's Unix clock; `clock`: monotonic (membership).
         on_incident: called (from the listener's thread) with each ReceivedIncident.
+        admit: called with a message's kind before it is handled: a refusal (409) reason, or
+            None to handle it (the head refuses registrations until it launched the epoch).
+        info: fields added to every answer (the head supervisor's `state`).
     """
 
     def __init__(self, secret: str, nnodes: int, epoch: int = 1, *, wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic,
-                 on_incident: Callable[[ReceivedIncident], None] | None = None):
+                 on_incident: Callable[[ReceivedIncident], None] | None = None,
+                 admit: Callable[[str], str | None] | None = None,
+                 info: Callable[[], dict[str, Any]] | None = None):
         self.secret, self.wall = secret.encode(), wall
         self.verifier = Verifier(self.secret, wall=wall)
         self.membership = Membership(nnodes, clock)
         self.incidents: list[ReceivedIncident] = []
-        self.on_incident = on_incident
+        self.on_incident, self.admit, self.info = on_incident, admit, info
         self._epoch = epoch
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -151,6 +156,9 @@ class GroupHead:
 
     def handle(self, kind: str, msg: _Msg, address: str) -> tuple[int, dict[str, Any]]:
         """One authenticated message -> (HTTP status, answer body without `head_time`)."""
+        refused = self.admit(kind) if self.admit is not None else None
+        if refused is not None:
+            return 409, {"error": refused}
         with self._lock:
             epoch = self._epoch
             if isinstance(msg, Register):
@@ -189,7 +197,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, status: int, body: dict[str, Any], nonce: str) -> None:
-        body = {**body, "epoch": self.head.epoch, "head_time": self.head.wall()}
+        extra = self.head.info() if self.head.info is not None else {}
+        body = {**extra, **body, "epoch": self.head.epoch, "head_time": self.head.wall()}
         data = json.dumps(body, separators=(",", ":")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

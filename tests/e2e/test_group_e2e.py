@@ -1,0 +1,148 @@
+"""A multi-node group of two `xpu-serve up` supervisors on the simulator's multi-node mode, on
+127.0.0.1 (different ports and runtime directories): the head (node 0, TP rank 0, the API
+server) and a `--headless` follower (node 1, TP rank 1). The flows of docs/multi-node.md,
+"States": a follower's worker killed, the head supervisor SIGKILLed, the follower supervisor
+SIGSTOPped; each checked for its verdict, the group restart and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import Up, _free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+SECRET = "group-test-secret-0123456789"
+
+
+def _pair(tmp: Path, peer_timeout_s: float = 3.0) -> tuple[Up, Up]:
+    master, channel = _free_port(), _free_port()
+    head, fol = Up(tmp / "head", tp=2), Up(tmp / "follower", tp=2)
+    for u, role, rank in ((head, "head", 0), (fol, "follower", 1)):
+        u.cfg["group"] = {
+            "role": role, "nnodes": 2, "node_rank": rank, "master_addr": "127.0.0.1", "master_port": master,
+            "peer_timeout_s": peer_timeout_s, "heartbeat_interval_s": 0.5, "listen": f"127.0.0.1:{channel}",
+            "secret": SECRET,
+        }
+        u.write_config()
+    return head, fol
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[tuple[Up, Up]]:
+    for d in ("head", "follower"):
+        (tmp_path / d).mkdir()
+    head, fol = _pair(tmp_path)
+    try:
+        head.start()
+        fol.start()
+        head.wait_state("ready", 1, timeout=90)
+        fol.wait_state("ready", 1, timeout=30)
+        yield head, fol
+    finally:
+        for u in (head, fol):
+            u.kill_all()
+
+
+def _pids(u: Up, name: str) -> list[int]:
+    return [p["pid"] for p in u.state().get("processes", []) if p["name"] == name]
+
+
+def _incident(u: Up, n: int = 0) -> dict[str, Any]:
+    u.wait_for(lambda: len(u.events("incident")) > n, 60, "an incident")
+    return u.events("incident")[n]
+
+
+def _nothing_left(u: Up) -> None:
+    u.wait_for(lambda: not u.our_pids() and not u.our_segments(), 30, "nothing left of the tree")
+
+
+def test_group_ready_only_with_every_node_and_both_stop_clean(group: tuple[Up, Up]) -> None:
+    head, fol = group
+    joined = [e for e in fol.events("group") if "joined epoch 1" in e["msg"]]
+    assert joined and joined[0]["epoch"] == 1
+    assert head.events("group")[0]["epoch"] == 1
+    # the follower runs only its headless MainProcess and TP rank 1
+    names = {p["name"] for p in fol.state()["processes"]}
+    assert "Worker_TP1" in names and "EngineCore" not in names and "Worker_TP0" not in names
+    for u in (fol, head):
+        assert u.proc is not None
+        u.proc.send_signal(signal.SIGTERM)
+        assert u.exit_code(60) == 0
+        _nothing_left(u)
+
+
+def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: tuple[Up, Up]) -> None:
+    head, fol = group
+    (worker,) = _pids(fol, "Worker_TP1")
+    killed_at = time.time()
+    os.kill(worker, signal.SIGKILL)
+    failed = head.wait_for(lambda: head.events("failed"), 10, "the head's failure") or head.events("failed")[0]
+    failed = head.events("failed")[0]
+    assert failed["trigger"] == "node-death" and failed["rank"] == 1 and failed["process"].startswith("node1:")
+    assert failed["detected_at"] - killed_at < 5.0  # (generous: within a second on an idle machine)
+    inc = _incident(head)
+    assert "node 1" in inc["msg"] and "rank 1" in inc["msg"], inc
+    bundle = Path(inc["bundle"])
+    group_json = json.loads((bundle / "nodes" / "group.json").read_text())
+    assert group_json["epoch"] == 1
+    assert group_json["first_death"]["node_rank"] == 1 and group_json["first_death"]["rank"] == 1
+    node1 = json.loads((bundle / "nodes" / "node1" / "incident.json").read_text())
+    assert node1["rank"] == 1 and node1["process"] == "Worker_TP1" and node1["clock_offset_s"] is not None
+    assert (bundle / "nodes" / "node0" / "summary.json").is_file()
+    # a group restart: both incarnations +1 under epoch 2, head first
+    head.wait_state("ready", 2, timeout=90)
+    fol.wait_state("ready", 2, timeout=30)
+    assert [e for e in fol.events("group") if "joined epoch 2" in e["msg"]]
+    head_launch2 = [e for e in head.events("launched") if e["incarnation"] == 2][0]["ts"]
+    fol_launch2 = [e for e in fol.events("launched") if e["incarnation"] == 2][0]["ts"]
+    assert head_launch2 <= fol_launch2
+    assert len(head.events("incident")) == 1  # one incident for the group on the head
+    for u in (fol, head):
+        assert u.proc is not None
+        u.proc.send_signal(signal.SIGTERM)
+        assert u.exit_code(60) == 0
+        _nothing_left(u)
+
+
+def test_head_supervisor_killed_follower_stops_its_tree(group: tuple[Up, Up]) -> None:
+    head, fol = group
+    assert head.proc is not None
+    os.kill(head.proc.pid, signal.SIGKILL)  # the supervisor alone: its engine lives on, orphaned
+    head.proc.wait(10)
+    failed = fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure") or fol.events("failed")[0]
+    failed = fol.events("failed")[0]
+    assert failed["trigger"] == "head-lost", failed
+    inc = _incident(fol)
+    assert "node-unreachable" in inc["msg"]
+    # its tree is stopped and swept; the supervisor waits for a head
+    fol.wait_for(lambda: fol.state().get("state") in ("backoff", "starting") and fol.state().get("incarnation") >= 1
+                 and not _pids(fol, "Worker_TP1"), 30, "the follower's tree stopped")
+    fol.wait_for(lambda: any("waiting for the head" in e["msg"] for e in fol.events("group")), 30, "waiting")
+    assert fol.state().get("incarnation") == 2 and not fol.state().get("processes")
+    assert fol.proc is not None
+    fol.proc.send_signal(signal.SIGTERM)
+    assert fol.exit_code(60) == 0
+    _nothing_left(fol)
+
+
+def test_follower_supervisor_stopped_head_says_node_unreachable(group: tuple[Up, Up]) -> None:
+    head, fol = group
+    assert fol.proc is not None
+    os.kill(fol.proc.pid, signal.SIGSTOP)
+    try:
+        head.wait_for(lambda: head.events("failed"), 30, "the head's failure")
+        failed = head.events("failed")[0]
+        assert failed["trigger"] == "node-unreachable" and failed["process"] == "node1", failed
+        inc = _incident(head)
+        assert inc["cause"] == "node-unreachable" and "node 1" in inc["msg"], inc
+    finally:
+        os.kill(fol.proc.pid, signal.SIGCONT)
