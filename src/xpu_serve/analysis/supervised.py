@@ -53,6 +53,10 @@ def trigger_of(d: Any) -> Trigger | None:
     )
 
 
+LOST_NODE_TRIGGERS = ("node-unreachable", "head-lost")
+"""Triggers of a group's node not heard from (group/watcher.py): no heartbeat, no death report."""
+
+
 def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     """Finish `inc` (in place) with the trigger (module docstring)."""
     sig = signal_from_root(inc.root, trig, table)
@@ -67,6 +71,10 @@ def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     timing = death_time_note(trig)
     if timing:
         inc.notes.append(timing)
+    if trig.kind in LOST_NODE_TRIGGERS and inc.cause in (None, "", "unknown", "startup-hang", "engine-hang"):
+        # a group's node lost with no death seen is its own cause (a follower's log never shows
+        # the API server's ready lines: a stall read from it would be the head's silence)
+        inc.cause, inc.summary = "node-unreachable", trig.detail
     if inc.cause in (None, "", "unknown"):
         # nothing in the logs supports a verdict: say what the supervisor itself saw
         fb = fallback_cause(trig.kind, trig.detail)
