@@ -146,3 +146,25 @@ def test_follower_supervisor_stopped_head_says_node_unreachable(group: tuple[Up,
         assert inc["cause"] == "node-unreachable" and "node 1" in inc["msg"], inc
     finally:
         os.kill(fol.proc.pid, signal.SIGCONT)
+
+
+def test_head_alone_rendezvous_stall_names_the_node_that_never_joined(tmp_path: Path) -> None:
+    (tmp_path / "head").mkdir()
+    (tmp_path / "follower").mkdir()
+    head, _ = _pair(tmp_path)
+    head.cfg["supervision"]["startup"]["stall_s"] = 4
+    head.write_config()
+    try:
+        head.start()
+        head.wait_for(lambda: head.events("failed"), 60, "the head's failure")
+        failed = head.events("failed")[0]
+        assert failed["trigger"] == "rendezvous-stall" and failed["process"] == "node1", failed
+        assert "node 1 never joined epoch 1" in failed["msg"]
+        assert head.state().get("state") != "ready"
+        inc = _incident(head)
+        # the analysis names the follower's TP rank, the note its node
+        assert inc["cause"] == "startup-hang" and "rank 1 did not reach" in inc["msg"], inc
+        contract = json.loads((Path(inc["bundle"]) / "incident.json").read_text())
+        assert any("node 1 never joined epoch 1" in n for n in contract.get("notes", [])), contract
+    finally:
+        head.kill_all()

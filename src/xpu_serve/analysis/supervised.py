@@ -71,6 +71,8 @@ def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     timing = death_time_note(trig)
     if timing:
         inc.notes.append(timing)
+    if trig.kind == "rendezvous-stall":
+        inc.notes.append(trig.detail)  # the node whose ranks the stall waits for
     if trig.kind in LOST_NODE_TRIGGERS and inc.cause in (None, "", "unknown", "startup-hang", "engine-hang"):
         # a group's node lost with no death seen is its own cause (a follower's log never shows
         # the API server's ready lines: a stall read from it would be the head's silence)
