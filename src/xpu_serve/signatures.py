@@ -69,6 +69,9 @@ CAUSES = (
     "node-unreachable",
     "unknown",
 )
+SUPERVISOR_CAUSES = ("node-unreachable",)
+"""Causes only a supervisor observes, with no log line of their own (a group's node not heard
+from: group/watcher.py); no signature row is their root."""
 SOURCES = ("vllm", "ccl", "kernel", "process", "health", "supervisor", "text")
 # Default rank of a root candidate by cause (higher wins); a row may override with `weight`.
 CAUSE_WEIGHT = {
