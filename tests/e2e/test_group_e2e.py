@@ -28,8 +28,14 @@ def _pair(tmp: Path, peer_timeout_s: float = 3.0) -> tuple[Up, Up]:
     head, fol = Up(tmp / "head", tp=2), Up(tmp / "follower", tp=2)
     for u, role, rank in ((head, "head", 0), (fol, "follower", 1)):
         u.cfg["group"] = {
-            "role": role, "nnodes": 2, "node_rank": rank, "master_addr": "127.0.0.1", "master_port": master,
-            "peer_timeout_s": peer_timeout_s, "heartbeat_interval_s": 0.5, "listen": f"127.0.0.1:{channel}",
+            "role": role,
+            "nnodes": 2,
+            "node_rank": rank,
+            "master_addr": "127.0.0.1",
+            "master_port": master,
+            "peer_timeout_s": peer_timeout_s,
+            "heartbeat_interval_s": 0.5,
+            "listen": f"127.0.0.1:{channel}",
             "secret": SECRET,
         }
         u.write_config()
@@ -85,9 +91,13 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
     (worker,) = _pids(fol, "Worker_TP1")
     killed_at = time.time()
     os.kill(worker, signal.SIGKILL)
-    failed = head.wait_for(lambda: head.events("failed"), 10, "the head's failure") or head.events("failed")[0]
+    failed = (
+        head.wait_for(lambda: head.events("failed"), 10, "the head's failure") or head.events("failed")[0]
+    )
     failed = head.events("failed")[0]
-    assert failed["trigger"] == "node-death" and failed["rank"] == 1 and failed["process"].startswith("node1:")
+    assert (
+        failed["trigger"] == "node-death" and failed["rank"] == 1 and failed["process"].startswith("node1:")
+    )
     assert failed["detected_at"] - killed_at < 5.0  # (generous: within a second on an idle machine)
     inc = _incident(head)
     assert "node 1" in inc["msg"] and "rank 1" in inc["msg"], inc
@@ -118,14 +128,23 @@ def test_head_supervisor_killed_follower_stops_its_tree(group: tuple[Up, Up]) ->
     assert head.proc is not None
     os.kill(head.proc.pid, signal.SIGKILL)  # the supervisor alone: its engine lives on, orphaned
     head.proc.wait(10)
-    failed = fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure") or fol.events("failed")[0]
+    failed = (
+        fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure") or fol.events("failed")[0]
+    )
     failed = fol.events("failed")[0]
     assert failed["trigger"] == "head-lost", failed
     inc = _incident(fol)
     assert "node-unreachable" in inc["msg"]
     # its tree is stopped and swept; the supervisor waits for a head
-    fol.wait_for(lambda: fol.state().get("state") in ("backoff", "starting") and fol.state().get("incarnation") >= 1
-                 and not _pids(fol, "Worker_TP1"), 30, "the follower's tree stopped")
+    fol.wait_for(
+        lambda: (
+            fol.state().get("state") in ("backoff", "starting")
+            and fol.state().get("incarnation") >= 1
+            and not _pids(fol, "Worker_TP1")
+        ),
+        30,
+        "the follower's tree stopped",
+    )
     fol.wait_for(lambda: any("waiting for the head" in e["msg"] for e in fol.events("group")), 30, "waiting")
     assert fol.state().get("incarnation") == 2 and not fol.state().get("processes")
     assert fol.proc is not None

@@ -65,8 +65,13 @@ class GroupWatcher:
         self._launched_epoch: int | None = None
         self._ctx: IncarnationContext | None = None
         if self.role == "head":
-            self.head = GroupHead(self.g.secret, self.g.nnodes, on_incident=self._on_remote_incident,
-                                  admit=self._admit, info=lambda: {"state": self.state})
+            self.head = GroupHead(
+                self.g.secret,
+                self.g.nnodes,
+                on_incident=self._on_remote_incident,
+                admit=self._admit,
+                info=lambda: {"state": self.state},
+            )
 
     @property
     def epoch(self) -> int | None:
@@ -144,14 +149,27 @@ class GroupWatcher:
         while failed is None or not failed.is_set():
             now = time.time()
             for m in head.membership.lost(g.peer_timeout_s):
-                ctx.fail(Trigger(kind="node-unreachable", at=now, rank=None, process=f"node{m.node_rank}",
-                                 detail=f"node {m.node_rank} ({m.address}) unreachable: no heartbeat for more "
-                                 f"than {g.peer_timeout_s:g} s, no death reported (epoch {head.epoch})"))
+                ctx.fail(
+                    Trigger(
+                        kind="node-unreachable",
+                        at=now,
+                        rank=None,
+                        process=f"node{m.node_rank}",
+                        detail=f"node {m.node_rank} ({m.address}) unreachable: no heartbeat for more "
+                        f"than {g.peer_timeout_s:g} s, no death reported (epoch {head.epoch})",
+                    )
+                )
             missing = head.membership.missing()
             if missing and ctx.ready_at is None and now - ctx.started_at > stall_s:
-                ctx.fail(Trigger(kind="rendezvous-stall", at=now, process=f"node{missing[0]}",
-                                 detail=f"rendezvous stall: node {', '.join(map(str, missing))} never joined "
-                                 f"epoch {head.epoch} ({stall_s:g} s after the launch)"))
+                ctx.fail(
+                    Trigger(
+                        kind="rendezvous-stall",
+                        at=now,
+                        process=f"node{missing[0]}",
+                        detail=f"rendezvous stall: node {', '.join(map(str, missing))} never joined "
+                        f"epoch {head.epoch} ({stall_s:g} s after the launch)",
+                    )
+                )
             await asyncio.sleep(POLL_S)
         # the head's incarnation failed (here or on a follower): the next epoch tells every follower
         new = head.new_epoch()
@@ -165,8 +183,15 @@ class GroupWatcher:
             return
         who = f"{inc.process or 'its tree'}" + (f" (rank {inc.rank})" if inc.rank is not None else "")
         at = rec.head_time if rec.head_time is not None else rec.received_at
-        ctx.fail(Trigger(kind="node-death", at=at, rank=inc.rank, process=f"node{inc.node_rank}:{inc.process}",
-                         detail=f"node {inc.node_rank} ({rec.address}): {who} died first: {inc.message or inc.cause}"))
+        ctx.fail(
+            Trigger(
+                kind="node-death",
+                at=at,
+                rank=inc.rank,
+                process=f"node{inc.node_rank}:{inc.process}",
+                detail=f"node {inc.node_rank} ({rec.address}): {who} died first: {inc.message or inc.cause}",
+            )
+        )
 
     # ---- follower ------------------------------------------------------------------------------
 
@@ -184,13 +209,20 @@ class GroupWatcher:
             if trig is None:
                 await self._beat(ctx)
             if fol.head_lost(g.peer_timeout_s) and trig is None:
-                ctx.fail(Trigger(kind="head-lost", at=time.time(), process="node0",
-                                 detail=f"head {g.head_url} not heard from for more than {g.peer_timeout_s:g} s: "
-                                 "stopping this node's tree"))
+                ctx.fail(
+                    Trigger(
+                        kind="head-lost",
+                        at=time.time(),
+                        process="node0",
+                        detail=f"head {g.head_url} not heard from for more than {g.peer_timeout_s:g} s: "
+                        "stopping this node's tree",
+                    )
+                )
             with contextlib.suppress(TimeoutError):
                 if failed is not None:
-                    await asyncio.wait_for(failed.wait() if trig is None else asyncio.Event().wait(),
-                                           g.heartbeat_interval_s)
+                    await asyncio.wait_for(
+                        failed.wait() if trig is None else asyncio.Event().wait(), g.heartbeat_interval_s
+                    )
                 else:
                     await asyncio.sleep(g.heartbeat_interval_s)
 
@@ -202,9 +234,15 @@ class GroupWatcher:
             self.head_state = answer.get("state") if isinstance(answer.get("state"), str) else None
         except ChannelError as e:
             if e.status == 409 and e.epoch is not None and e.epoch != fol.epoch:
-                ctx.fail(Trigger(kind="group-restart", at=time.time(), process="node0",
-                                 detail=f"the head started epoch {e.epoch} (group restart): "
-                                 f"node {self.node_rank} captures and stops"))
+                ctx.fail(
+                    Trigger(
+                        kind="group-restart",
+                        at=time.time(),
+                        process="node0",
+                        detail=f"the head started epoch {e.epoch} (group restart): "
+                        f"node {self.node_rank} captures and stops",
+                    )
+                )
 
     async def _report(self, trig: Trigger) -> None:
         fol = self.follower
@@ -228,25 +266,48 @@ def write_node_folders(bundle: Path, head: GroupHead, contract: dict[str, Any], 
     Raises OSError."""
     out = bundle / "nodes"
     (out / "node0").mkdir(parents=True, exist_ok=True, mode=0o700)
-    _dump(out / "node0" / "summary.json", {"cause": contract.get("cause"), "summary": contract.get("summary"),
-                                         "trigger": (contract.get("supervisor") or {}).get("trigger")})
+    _dump(
+        out / "node0" / "summary.json",
+        {
+            "cause": contract.get("cause"),
+            "summary": contract.get("summary"),
+            "trigger": (contract.get("supervisor") or {}).get("trigger"),
+        },
+    )
     deaths = []
     for rec in head.incidents:
         inc = rec.incident
         if inc.epoch != epoch:
             continue
-        offset = None if rec.head_time is None else rec.head_time - inc.time  # (membership is the new epoch's)
-        d = {**inc.model_dump(), "address": rec.address, "received_at": rec.received_at, "head_time": rec.head_time,
-             "clock_offset_s": offset}
+        offset = (
+            None if rec.head_time is None else rec.head_time - inc.time
+        )  # (membership is the new epoch's)
+        d = {
+            **inc.model_dump(),
+            "address": rec.address,
+            "received_at": rec.received_at,
+            "head_time": rec.head_time,
+            "clock_offset_s": offset,
+        }
         (out / f"node{inc.node_rank}").mkdir(exist_ok=True, mode=0o700)
         _dump(out / f"node{inc.node_rank}" / "incident.json", d)
-        deaths.append({"node_rank": inc.node_rank, "rank": inc.rank, "process": inc.process,
-                       "time": rec.head_time if rec.head_time is not None else rec.received_at})
+        deaths.append(
+            {
+                "node_rank": inc.node_rank,
+                "rank": inc.rank,
+                "process": inc.process,
+                "time": rec.head_time if rec.head_time is not None else rec.received_at,
+            }
+        )
     trig = (contract.get("supervisor") or {}).get("trigger") or {}
     if trig and trig.get("kind") not in GROUP_TRIGGERS:
-        deaths.append({"node_rank": 0, "rank": trig.get("rank"), "process": trig.get("process"), "time": trig.get("at")})
+        deaths.append(
+            {"node_rank": 0, "rank": trig.get("rank"), "process": trig.get("process"), "time": trig.get("at")}
+        )
     deaths.sort(key=lambda d: d["time"] if isinstance(d["time"], (int, float)) else float("inf"))
-    _dump(out / "group.json", {"epoch": epoch, "deaths": deaths, "first_death": deaths[0] if deaths else None})
+    _dump(
+        out / "group.json", {"epoch": epoch, "deaths": deaths, "first_death": deaths[0] if deaths else None}
+    )
     return out
 
 
