@@ -91,14 +91,14 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
     (worker,) = _pids(fol, "Worker_TP1")
     killed_at = time.time()
     os.kill(worker, signal.SIGKILL)
-    failed = (
-        head.wait_for(lambda: head.events("failed"), 10, "the head's failure") or head.events("failed")[0]
-    )
+    head.wait_for(lambda: head.events("failed"), 10, "the head's failure")
     failed = head.events("failed")[0]
     assert (
         failed["trigger"] == "node-death" and failed["rank"] == 1 and failed["process"].startswith("node1:")
     )
-    assert failed["detected_at"] - killed_at < 5.0  # (generous: within a second on an idle machine)
+    # the death reached the head in about a second (generous bound: a loaded 2-core machine)
+    print(f"follower death -> head failed: {failed['detected_at'] - killed_at:.3f} s")
+    assert failed["detected_at"] - killed_at < 5.0
     inc = _incident(head)
     assert "node 1" in inc["msg"] and "rank 1" in inc["msg"], inc
     bundle = Path(inc["bundle"])
@@ -128,9 +128,7 @@ def test_head_supervisor_killed_follower_stops_its_tree(group: tuple[Up, Up]) ->
     assert head.proc is not None
     os.kill(head.proc.pid, signal.SIGKILL)  # the supervisor alone: its engine lives on, orphaned
     head.proc.wait(10)
-    failed = (
-        fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure") or fol.events("failed")[0]
-    )
+    fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure")
     failed = fol.events("failed")[0]
     assert failed["trigger"] == "head-lost", failed
     inc = _incident(fol)

@@ -187,6 +187,7 @@ class GroupWatcher:
             Trigger(
                 kind="node-death",
                 at=at,
+                detected_at=rec.received_at,
                 rank=inc.rank,
                 process=f"node{inc.node_rank}:{inc.process}",
                 detail=f"node {inc.node_rank} ({rec.address}): {who} died first: {inc.message or inc.cause}",
