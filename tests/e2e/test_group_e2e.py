@@ -185,3 +185,21 @@ def test_head_alone_rendezvous_stall_names_the_node_that_never_joined(tmp_path: 
         assert any("node 1 never joined epoch 1" in n for n in contract.get("notes", [])), contract
     finally:
         head.kill_all()
+
+
+def test_head_worker_killed_follower_restarts_under_the_new_epoch(group: tuple[Up, Up]) -> None:
+    head, fol = group
+    (worker,) = _pids(head, "Worker_TP0")
+    os.kill(worker, signal.SIGKILL)
+    head.wait_for(lambda: head.events("failed"), 30, "the head's failure")
+    assert head.events("failed")[0]["trigger"] == "process-exit"
+    fol.wait_for(lambda: fol.events("failed"), 30, "the follower's failure")
+    failed = fol.events("failed")[0]
+    assert failed["trigger"] == "group-restart" and "epoch 2" in failed["msg"], failed
+    head.wait_state("ready", 2, timeout=90)
+    fol.wait_state("ready", 2, timeout=30)
+    assert [e for e in fol.events("group") if "joined epoch 2" in e["msg"]]
+    # the head's bundle: its own death first, no follower incident (the follower did not die)
+    group_json = json.loads((Path(_incident(head)["bundle"]) / "nodes" / "group.json").read_text())
+    assert group_json["first_death"]["node_rank"] == 0 and group_json["first_death"]["rank"] == 0
+    assert not (Path(_incident(head)["bundle"]) / "nodes" / "node1").exists()
