@@ -100,7 +100,8 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
     print(f"follower death -> head failed: {failed['detected_at'] - killed_at:.3f} s")
     assert failed["detected_at"] - killed_at < 5.0
     inc = _incident(head)
-    assert "node 1" in inc["msg"] and "rank 1" in inc["msg"], inc
+    assert inc["cause"] == "process-crash", inc
+    assert "Worker_TP1 (rank 1" in inc["msg"] and "on node 1 was killed by SIGKILL" in inc["msg"], inc
     bundle = Path(inc["bundle"])
     group_json = json.loads((bundle / "nodes" / "group.json").read_text())
     assert group_json["epoch"] == 1
@@ -203,3 +204,35 @@ def test_head_worker_killed_follower_restarts_under_the_new_epoch(group: tuple[U
     group_json = json.loads((Path(_incident(head)["bundle"]) / "nodes" / "group.json").read_text())
     assert group_json["first_death"]["node_rank"] == 0 and group_json["first_death"]["rank"] == 0
     assert not (Path(_incident(head)["bundle"]) / "nodes" / "node1").exists()
+
+
+def test_follower_worker_killed_under_load_gloo_error_is_a_consequence(group: tuple[Up, Up]) -> None:
+    import threading
+    import urllib.request
+
+    head, fol = group
+    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": 4000}).encode()
+
+    def post() -> None:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{head.port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(req, timeout=30).read()
+        except Exception:
+            pass
+
+    t = threading.Thread(target=post, daemon=True)
+    t.start()
+    time.sleep(0.5)  # the request is in its steps
+    (worker,) = _pids(fol, "Worker_TP1")
+    os.kill(worker, signal.SIGKILL)
+    inc = _incident(head)
+    t.join(30)
+    # the follower's death is on the head's timeline (its clock offset applied): the head's gloo
+    # "Connection reset by peer" is linked to Worker_TP1 on node 1, not blamed on rank 0
+    assert "Worker_TP1 (rank 1) on node 1" in inc["msg"] and "Worker_TP0" not in inc["msg"], inc
+    head.wait_state("ready", 2, timeout=90)
+    fol.wait_state("ready", 2, timeout=30)

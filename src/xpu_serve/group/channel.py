@@ -70,7 +70,8 @@ class Heartbeat(_Msg):
 class Incident(_Msg):
     """A follower's tree died: `rank` the TP rank that died first (None: unknown or the follower's
     MainProcess), `time` the death on the follower's clock (Unix seconds), `cause` a cause of
-    `signatures.CAUSES` or a short phrase."""
+    `signatures.CAUSES` or a short phrase; `pid` (in the follower's pid namespace), `signal` and
+    `exit_code` of the process when it is a process exit."""
 
     node_rank: _Rank
     epoch: _Epoch
@@ -79,6 +80,9 @@ class Incident(_Msg):
     cause: Annotated[str, Field(min_length=1, max_length=200)]
     process: Annotated[str, Field(max_length=200)] | None = None
     message: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    pid: Annotated[int, Strict(), Ge(1)] | None = None
+    signal: Annotated[str, Field(max_length=32)] | None = None
+    exit_code: Annotated[int, Strict()] | None = None
 
 
 MESSAGES: dict[str, type[_Msg]] = {"register": Register, "heartbeat": Heartbeat, "incident": Incident}
@@ -294,11 +298,12 @@ class GroupFollower:
         })
 
     async def incident(self, rank: int | None, at: float, cause: str, process: str | None = None,
-                       message: str | None = None) -> dict[str, Any]:
-        """Tell the head this node's tree died (`at`: this node's Unix time). Raises ChannelError."""
+                       message: str | None = None, **exit_status: Any) -> dict[str, Any]:
+        """Tell the head this node's tree died (`at`: this node's Unix time); `exit_status`:
+        `pid`, `signal`, `exit_code` (Incident). Raises ChannelError."""
         return await self._post("incident", {
             "node_rank": self.node_rank, "epoch": self.epoch, "rank": rank, "time": at, "cause": cause,
-            "process": process, "message": None if message is None else message[:MAX_TEXT],
+            "process": process, "message": None if message is None else message[:MAX_TEXT], **exit_status,
         })
 
     async def _post(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xpu_serve import facts
 from xpu_serve.group.channel import ChannelError, GroupFollower, GroupHead, ReceivedIncident
 from xpu_serve.incarnation import IncarnationContext, Status, Trigger
 
@@ -177,12 +178,20 @@ class GroupWatcher:
         await asyncio.Event().wait()
 
     def _on_remote_incident(self, rec: ReceivedIncident) -> None:
-        """A follower's death report (the channel's thread): the head's incarnation fails."""
+        """A follower's death report (the channel's thread): its process exit goes into the head's
+        analysis as a fact on the head's clock (one timeline: the first death of the group is the
+        root, the head's gloo "Connection reset by peer" after it a consequence), and the head's
+        incarnation fails (unless it already did: the report still counts while capturing)."""
         ctx, inc = self._ctx, rec.incident
         if ctx is None or inc.cause in GROUP_TRIGGERS:
             return
         who = f"{inc.process or 'its tree'}" + (f" (rank {inc.rank})" if inc.rank is not None else "")
         at = rec.head_time if rec.head_time is not None else rec.received_at
+        if inc.process and inc.pid is not None:
+            name = f"{inc.process}@node{inc.node_rank}"  # the node in every line of the verdict
+            ev = facts.process_exit(name, inc.pid, inc.rank, inc.exit_code, inc.signal, at)
+            ev.extra["node_rank"] = inc.node_rank
+            ctx.record(ev)
         ctx.fail(
             Trigger(
                 kind="node-death",
@@ -249,7 +258,16 @@ class GroupWatcher:
         fol = self.follower
         assert fol is not None
         try:
-            await fol.incident(trig.rank, trig.at, trig.kind, trig.process, trig.detail)
+            await fol.incident(
+                trig.rank,
+                trig.at,
+                trig.kind,
+                trig.process,
+                trig.detail,
+                pid=trig.pid,
+                signal=trig.signal,
+                exit_code=trig.exit_code,
+            )
         except ChannelError as e:
             self.warn(f"group: incident not delivered to the head: {e}")
 
