@@ -36,7 +36,7 @@ from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from xpu_serve.group.auth import NONCE_HEADER, SIG_HEADER, TIME_HEADER, Verifier, signed_headers
-from xpu_serve.group.membership import Membership
+from xpu_serve.group.membership import Member, Membership
 
 PREFIX = "/group/v1/"
 MAX_BODY = 64 * 1024
@@ -124,6 +124,7 @@ class GroupHead:
         self.incidents: list[ReceivedIncident] = []
         self.on_incident, self.admit, self.info = on_incident, admit, info
         self._epoch = epoch
+        self._previous: dict[int, Member] = {}  # the last epoch's members: their late incidents count
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -133,8 +134,11 @@ class GroupHead:
 
     def new_epoch(self) -> int:
         """Start the next epoch (a group restart): followers of the old one are refused and
-        must register again. Returns the new epoch."""
+        must register again, but an incident of the epoch that just ended from one of its members
+        is still recorded (a follower's death that raced with the head's own failure). Returns
+        the new epoch."""
         with self._lock:
+            self._previous = {m.node_rank: m for m in self.membership.members()}
             self._epoch += 1
             self.membership.clear()
             return self._epoch
@@ -173,16 +177,23 @@ class GroupHead:
                 self.membership.register(msg.node_rank, msg.pid, epoch, address, self.wall())
                 return 200, {}
             assert isinstance(msg, (Heartbeat, Incident))
-            if msg.epoch != epoch:
+            late = self._previous.get(msg.node_rank) if isinstance(msg, Incident) and msg.epoch == epoch - 1 else None
+            if late is None and msg.epoch != epoch:
                 return 409, {"error": f"epoch {msg.epoch} is not the group's: it runs epoch {epoch}"}
-            member = self.membership.get(msg.node_rank)
+            member = late or self.membership.get(msg.node_rank)
             if member is None:
                 return 409, {"error": f"node {msg.node_rank} is not registered in epoch {epoch}"}
+        if late is not None:  # a death in the epoch that just ended (it raced with the head's own)
+            assert isinstance(msg, Incident)
+            return self._incident(msg, late, address)
         if isinstance(msg, Heartbeat):
             offset = msg.clock_offset_s if msg.clock_offset_s is not None else self.wall() - msg.wall_time
             self.membership.heartbeat(msg.node_rank, msg.state, msg.incarnation, offset)
             return 200, {}
         self.membership.seen(msg.node_rank)
+        return self._incident(msg, member, address)
+
+    def _incident(self, msg: Incident, member: Member, address: str) -> tuple[int, dict[str, Any]]:
         off = member.clock_offset_s
         rec = ReceivedIncident(msg, address, self.wall(), None if off is None else msg.time + off)
         self.incidents.append(rec)

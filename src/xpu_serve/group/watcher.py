@@ -183,8 +183,8 @@ class GroupWatcher:
         root, the head's gloo "Connection reset by peer" after it a consequence), and the head's
         incarnation fails (unless it already did: the report still counts while capturing)."""
         ctx, inc = self._ctx, rec.incident
-        if ctx is None or inc.cause in GROUP_TRIGGERS:
-            return
+        if ctx is None or inc.cause in GROUP_TRIGGERS or inc.epoch != self._launched_epoch:
+            return  # (a late report of an epoch the head has relaunched since)
         who = f"{inc.process or 'its tree'}" + (f" (rank {inc.rank})" if inc.rank is not None else "")
         at = rec.head_time if rec.head_time is not None else rec.received_at
         if inc.process and inc.pid is not None:
