@@ -235,3 +235,48 @@ def test_head_unreachable_and_head_lost() -> None:
             assert f.head_lost(0.3)
 
     asyncio.run(go())
+
+
+def test_admit_refuses_before_handling_and_info_is_in_every_answer() -> None:
+    launched = {"epoch": 0}
+    h = GroupHead(SECRET, nnodes=2, admit=lambda kind: None if kind != "register" or launched["epoch"] == 1
+                  else "the head has not launched epoch 1 yet", info=lambda: {"state": "starting"})
+    url = f"http://127.0.0.1:{h.start('127.0.0.1', 0)}"
+
+    async def go() -> tuple[ChannelError, dict[str, Any]]:
+        async with GroupFollower(url, SECRET, node_rank=1) as f:
+            with pytest.raises(ChannelError) as e:
+                await f.register(pid=os.getpid())
+            launched["epoch"] = 1
+            return e.value, await f.register(pid=os.getpid())
+
+    try:
+        err, answer = asyncio.run(go())
+    finally:
+        h.stop()
+    assert err.status == 409 and "has not launched epoch 1 yet" in str(err) and err.epoch == 1
+    assert answer["state"] == "starting" and answer["epoch"] == 1
+    assert [m.node_rank for m in h.membership.members()] == [1]
+
+
+def test_late_incident_of_the_ended_epoch_is_recorded_a_heartbeat_refused(head: tuple[GroupHead, str]) -> None:
+    h, url = head
+    got: list[ReceivedIncident] = []
+    h.on_incident = got.append
+
+    async def go() -> ChannelError:
+        async with GroupFollower(url, SECRET, node_rank=1) as f:
+            await f.register(pid=os.getpid())
+            await f.heartbeat("ready", 1)
+            assert h.new_epoch() == 2
+            await f.incident(1, time.time(), "process-exit", "Worker_TP1", "killed", pid=4242, signal="SIGKILL")
+            with pytest.raises(ChannelError) as e:
+                await f.heartbeat("ready", 1)
+            return e.value
+
+    err = asyncio.run(go())
+    assert err.status == 409 and err.epoch == 2
+    [rec] = got
+    assert (rec.incident.epoch, rec.incident.pid, rec.incident.signal) == (1, 4242, "SIGKILL")
+    assert rec.head_time is not None  # the ended epoch's clock offset applied
+    assert h.membership.members() == []

@@ -26,7 +26,9 @@ class Trigger:
 
     Attributes:
         kind: "process-exit", "health", "fatal-line", "kernel", "hang", "startup-stall",
-            "startup-timeout", "operator" (a `bundle`/SIGHUP request), "config".
+            "startup-timeout", "operator" (a `bundle`/SIGHUP request), "config"; in a multi-node
+            group (`group.watcher.GROUP_TRIGGERS`) "node-death", "node-unreachable",
+            "rendezvous-stall", "group-restart", "head-lost".
         detail: one line for people, e.g. "Worker_TP0 (pid 4242) killed by SIGSEGV".
         at: wall-clock time of the failure, seconds since the epoch: for a process exit the
             kernel's exit time when known (`at_source` "kernel"), else when the supervisor saw it

@@ -18,7 +18,8 @@ def watchers_for(config: Any) -> list[Watcher]:
 
     Order: "kernel" (`watchers.kernel.enabled`), "hang" (`supervision.hang.enabled`; it asks the
     kernel watcher for GPU faults to name as the hang's cause), "startup-stall" (always: the
-    start-up stall by phase), "bundle-requests". See `xpu_serve.watchers`.
+    start-up stall by phase), "bundle-requests", "group" (with a `group:` section:
+    `group.watcher.GroupWatcher`, also an observer). See `xpu_serve.watchers`.
     """
     from xpu_serve.watchers import HangWatcher, KernelWatcher, StartupWatcher
 
@@ -32,6 +33,10 @@ def watchers_for(config: Any) -> list[Watcher]:
     from xpu_serve.bundle import BundleRequestWatcher  # answers `xpu-serve bundle`
 
     watchers.append(BundleRequestWatcher())
+    if config.group is not None:  # a multi-node group's member (docs/multi-node.md)
+        from xpu_serve.group.watcher import GroupWatcher
+
+        watchers.append(GroupWatcher(config))
     return watchers
 
 
@@ -49,7 +54,7 @@ def observers_for(config: Any, watchers: list[Watcher] | None = None, warn: Any 
     from xpu_serve.integrations.systemd import SystemdNotifier
     from xpu_serve.integrations.webhook import Webhook
 
-    observers: list[Observer] = []
+    observers: list[Observer] = [w for w in watchers or [] if getattr(w, "name", None) == "group"]  # type: ignore[misc]
     notifier = SystemdNotifier(extend_timeout_s=60.0)
     if notifier.enabled:
         observers.append(notifier)

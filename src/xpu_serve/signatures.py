@@ -66,8 +66,12 @@ CAUSES = (
     "engine-hang",
     "startup-hang",
     "config-error",
+    "node-unreachable",
     "unknown",
 )
+SUPERVISOR_CAUSES = ("node-unreachable",)
+"""Causes only a supervisor observes, with no log line of their own (a group's node not heard
+from: group/watcher.py); no signature row is their root."""
 SOURCES = ("vllm", "ccl", "kernel", "process", "health", "supervisor", "text")
 # Default rank of a root candidate by cause (higher wins); a row may override with `weight`.
 CAUSE_WEIGHT = {
@@ -78,6 +82,7 @@ CAUSE_WEIGHT = {
     "device-oom": 72,
     "device-lost": 70,
     "collective-failure": 65,
+    "node-unreachable": 60,
     "process-exception": 50,
     "process-crash": 40,
     "engine-hang": 20,

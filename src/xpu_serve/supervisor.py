@@ -108,6 +108,7 @@ class Supervisor:
         self.reason: str | None = None
         self.time_to_ready_s: float | None = None
         self.ctx: Incarnation | None = None
+        self.group: Any = None  # the multi-node group's member (`group.watcher`), set in run()
         self.policy = RestartPolicy(config.supervision.restart)
         self._wake = asyncio.Event()
         self._stop_requested = self._kill_now = self._restart_requested = False
@@ -237,6 +238,9 @@ class Supervisor:
         if not ok and not self.watchers:  # (the start-up stall is then watched without phases)
             self.detectors.append(StallWatcher(self.config, lambda: self.lines.progress))
         self.capture.watchers = self.watchers
+        self.group = _group_member(self.watchers, self.log)
+        if self.group is not None:  # readiness needs every node of the group
+            self.readiness.gate = self.group.ready_gate
         self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
         self.exits.open()
         loop = asyncio.get_running_loop()
@@ -336,6 +340,9 @@ class Supervisor:
             self._wake.set()
         self._set_state("starting")
         self.lines.bind(ctx)
+        if self.group is not None:  # a group's follower launches after its head, in its epoch
+            joined = await self.group.before_launch(lambda: self._stop_requested or self._restart_requested)
+            self.log.emit("group", f"incarnation {ctx.incarnation}: {joined}", epoch=self.group.epoch)
         if not self.engine.launch(ctx, self.lines.from_pump):
             return ctx
         self.statefile.write()
@@ -522,6 +529,16 @@ def _plugins(
         log.emit("warning", f"plugins: {type(ex).__name__}: {ex}")
         return got_w, got_o, False
     return got_w, got_o, True
+
+
+def _group_member(watchers: list[Watcher], log: EventLog) -> Any:
+    """The multi-node group's watcher (`group.watcher.GroupWatcher`: it has `before_launch`), its
+    messages in the event log; None without a group."""
+    for w in watchers:
+        if callable(getattr(w, "before_launch", None)):
+            w.warn = lambda m: log.emit("group", m)  # type: ignore[attr-defined]
+            return w
+    return None
 
 
 def _failed_fields(ctx: Incarnation, trigger: Trigger) -> dict[str, Any]:

@@ -187,6 +187,10 @@ class ContractMixin(SubjectMixin):
         ]
         ids = ", ".join(x for x in parts if x)
         who = str(r.get("process") or "A process") + (f" ({ids})" if ids else "")
+        # a multi-node group: the head records a follower's death with its node (group/watcher.py)
+        node = next((e.extra["node_rank"] for e in recs if isinstance(e.extra.get("node_rank"), int)), None)
+        if node is not None:
+            who += f" on node {node}"
         t_ev = next((e for e in recs if e.time_text), None)
         where = ""
         if t_ev is not None:

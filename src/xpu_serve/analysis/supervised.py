@@ -53,6 +53,10 @@ def trigger_of(d: Any) -> Trigger | None:
     )
 
 
+LOST_NODE_TRIGGERS = ("node-unreachable", "head-lost")
+"""Triggers of a group's node not heard from (group/watcher.py): no heartbeat, no death report."""
+
+
 def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     """Finish `inc` (in place) with the trigger (module docstring)."""
     sig = signal_from_root(inc.root, trig, table)
@@ -67,6 +71,12 @@ def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
     timing = death_time_note(trig)
     if timing:
         inc.notes.append(timing)
+    if trig.kind == "rendezvous-stall":
+        inc.notes.append(trig.detail)  # the node whose ranks the stall waits for
+    if trig.kind in LOST_NODE_TRIGGERS and inc.cause in (None, "", "unknown", "startup-hang", "engine-hang"):
+        # a group's node lost with no death seen is its own cause (a follower's log never shows
+        # the API server's ready lines: a stall read from it would be the head's silence)
+        inc.cause, inc.summary = "node-unreachable", trig.detail
     if inc.cause in (None, "", "unknown"):
         # nothing in the logs supports a verdict: say what the supervisor itself saw
         fb = fallback_cause(trig.kind, trig.detail)
@@ -86,6 +96,12 @@ def fallback_cause(kind: str, detail: str) -> str:
         "startup-timeout": "startup-hang",
         "hang": "engine-hang",
         "config": "config-error",
+        # a multi-node group (group/watcher.py): a follower's death, a lost node, a node that
+        # never joined the rendezvous
+        "node-death": "process-crash",
+        "node-unreachable": "node-unreachable",
+        "head-lost": "node-unreachable",
+        "rendezvous-stall": "startup-hang",
     }.get(kind, "unknown")
 
 

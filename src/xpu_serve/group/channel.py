@@ -36,7 +36,7 @@ from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from xpu_serve.group.auth import NONCE_HEADER, SIG_HEADER, TIME_HEADER, Verifier, signed_headers
-from xpu_serve.group.membership import Membership
+from xpu_serve.group.membership import Member, Membership
 
 PREFIX = "/group/v1/"
 MAX_BODY = 64 * 1024
@@ -70,7 +70,8 @@ class Heartbeat(_Msg):
 class Incident(_Msg):
     """A follower's tree died: `rank` the TP rank that died first (None: unknown or the follower's
     MainProcess), `time` the death on the follower's clock (Unix seconds), `cause` a cause of
-    `signatures.CAUSES` or a short phrase."""
+    `signatures.CAUSES` or a short phrase; `pid` (in the follower's pid namespace), `signal` and
+    `exit_code` of the process when it is a process exit."""
 
     node_rank: _Rank
     epoch: _Epoch
@@ -79,6 +80,9 @@ class Incident(_Msg):
     cause: Annotated[str, Field(min_length=1, max_length=200)]
     process: Annotated[str, Field(max_length=200)] | None = None
     message: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    pid: Annotated[int, Strict(), Ge(1)] | None = None
+    signal: Annotated[str, Field(max_length=32)] | None = None
+    exit_code: Annotated[int, Strict()] | None = None
 
 
 MESSAGES: dict[str, type[_Msg]] = {"register": Register, "heartbeat": Heartbeat, "incident": Incident}
@@ -104,17 +108,23 @@ class GroupHead:
         epoch: the first epoch (>= 1).
         wall: the head's Unix clock; `clock`: monotonic (membership).
         on_incident: called (from the listener's thread) with each ReceivedIncident.
+        admit: called with a message's kind before it is handled: a refusal (409) reason, or
+            None to handle it (the head refuses registrations until it launched the epoch).
+        info: fields added to every answer (the head supervisor's `state`).
     """
 
     def __init__(self, secret: str, nnodes: int, epoch: int = 1, *, wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic,
-                 on_incident: Callable[[ReceivedIncident], None] | None = None):
+                 on_incident: Callable[[ReceivedIncident], None] | None = None,
+                 admit: Callable[[str], str | None] | None = None,
+                 info: Callable[[], dict[str, Any]] | None = None):
         self.secret, self.wall = secret.encode(), wall
         self.verifier = Verifier(self.secret, wall=wall)
         self.membership = Membership(nnodes, clock)
         self.incidents: list[ReceivedIncident] = []
-        self.on_incident = on_incident
+        self.on_incident, self.admit, self.info = on_incident, admit, info
         self._epoch = epoch
+        self._previous: dict[int, Member] = {}  # the last epoch's members: their late incidents count
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -124,8 +134,11 @@ class GroupHead:
 
     def new_epoch(self) -> int:
         """Start the next epoch (a group restart): followers of the old one are refused and
-        must register again. Returns the new epoch."""
+        must register again, but an incident of the epoch that just ended from one of its members
+        is still recorded (a follower's death that raced with the head's own failure). Returns
+        the new epoch."""
         with self._lock:
+            self._previous = {m.node_rank: m for m in self.membership.members()}
             self._epoch += 1
             self.membership.clear()
             return self._epoch
@@ -151,6 +164,9 @@ class GroupHead:
 
     def handle(self, kind: str, msg: _Msg, address: str) -> tuple[int, dict[str, Any]]:
         """One authenticated message -> (HTTP status, answer body without `head_time`)."""
+        refused = self.admit(kind) if self.admit is not None else None
+        if refused is not None:
+            return 409, {"error": refused}
         with self._lock:
             epoch = self._epoch
             if isinstance(msg, Register):
@@ -161,16 +177,23 @@ class GroupHead:
                 self.membership.register(msg.node_rank, msg.pid, epoch, address, self.wall())
                 return 200, {}
             assert isinstance(msg, (Heartbeat, Incident))
-            if msg.epoch != epoch:
+            late = self._previous.get(msg.node_rank) if isinstance(msg, Incident) and msg.epoch == epoch - 1 else None
+            if late is None and msg.epoch != epoch:
                 return 409, {"error": f"epoch {msg.epoch} is not the group's: it runs epoch {epoch}"}
-            member = self.membership.get(msg.node_rank)
+            member = late or self.membership.get(msg.node_rank)
             if member is None:
                 return 409, {"error": f"node {msg.node_rank} is not registered in epoch {epoch}"}
+        if late is not None:  # a death in the epoch that just ended (it raced with the head's own)
+            assert isinstance(msg, Incident)
+            return self._incident(msg, late, address)
         if isinstance(msg, Heartbeat):
             offset = msg.clock_offset_s if msg.clock_offset_s is not None else self.wall() - msg.wall_time
             self.membership.heartbeat(msg.node_rank, msg.state, msg.incarnation, offset)
             return 200, {}
         self.membership.seen(msg.node_rank)
+        return self._incident(msg, member, address)
+
+    def _incident(self, msg: Incident, member: Member, address: str) -> tuple[int, dict[str, Any]]:
         off = member.clock_offset_s
         rec = ReceivedIncident(msg, address, self.wall(), None if off is None else msg.time + off)
         self.incidents.append(rec)
@@ -189,7 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, status: int, body: dict[str, Any], nonce: str) -> None:
-        body = {**body, "epoch": self.head.epoch, "head_time": self.head.wall()}
+        extra = self.head.info() if self.head.info is not None else {}
+        body = {**extra, **body, "epoch": self.head.epoch, "head_time": self.head.wall()}
         data = json.dumps(body, separators=(",", ":")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -285,11 +309,12 @@ class GroupFollower:
         })
 
     async def incident(self, rank: int | None, at: float, cause: str, process: str | None = None,
-                       message: str | None = None) -> dict[str, Any]:
-        """Tell the head this node's tree died (`at`: this node's Unix time). Raises ChannelError."""
+                       message: str | None = None, **exit_status: Any) -> dict[str, Any]:
+        """Tell the head this node's tree died (`at`: this node's Unix time); `exit_status`:
+        `pid`, `signal`, `exit_code` (Incident). Raises ChannelError."""
         return await self._post("incident", {
             "node_rank": self.node_rank, "epoch": self.epoch, "rank": rank, "time": at, "cause": cause,
-            "process": process, "message": None if message is None else message[:MAX_TEXT],
+            "process": process, "message": None if message is None else message[:MAX_TEXT], **exit_status,
         })
 
     async def _post(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:

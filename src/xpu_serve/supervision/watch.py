@@ -202,13 +202,18 @@ class LineWatcher:
 class ReadinessWatcher:
     """starting -> ready, then `/health` failure counting (`sources.health`), until the
     incarnation fails. `on_ready(ctx, url)` is the supervisor's; `last_probe` the last
-    readiness probe's detail ("connection refused", "/v1/models does not list ...")."""
+    readiness probe's detail ("connection refused", "/v1/models does not list ...").
+
+    In a multi-node group `gate(ctx)` (`group.watcher.GroupWatcher.ready_gate`) is awaited before
+    `on_ready`: every node joined. A follower (`vllm serve --headless`: no API server) has no
+    probe: it is ready when the gate opens, and its health is the group's."""
 
     name = "health"
 
     def __init__(self, config: Config, on_ready: Callable[[Incarnation, str], None]):
         self.config, self._on_ready = config, on_ready
         self.last_probe = "no probe yet"
+        self.gate: Callable[[Incarnation], Awaitable[None]] | None = None
 
     async def run(self, ctx: Incarnation) -> None:
         await until_failed(ctx, self._watch(ctx))
@@ -219,12 +224,22 @@ class ReadinessWatcher:
         served = e.served_model_name or e.model
         poll = min(0.25, sv.health.interval_s)
         self.last_probe = "no probe yet"
+        g = self.config.group
+        if g is not None and g.role == "follower":
+            self.last_probe = f"waiting for the group's head {g.head_url} to be ready"
+            if self.gate is not None:
+                await self.gate(ctx)
+            self._on_ready(ctx, g.head_url)
+            await asyncio.Event().wait()
         async with health_src.make_client(sv.health.timeout_s, e.api_key) as client:
             while True:
                 ok, self.last_probe = await health_src.probe_ready(client, url, served)
                 if ok:
                     break
                 await asyncio.sleep(poll)
+            if self.gate is not None:
+                self.last_probe = "waiting for every node of the group to join"
+                await self.gate(ctx)
             self._on_ready(ctx, url)
         getter = KeepAliveGet(
             health_src.probe_address(e.host), e.port, sv.health.timeout_s, health_src.auth_headers(e.api_key)
