@@ -18,7 +18,6 @@ import faulthandler
 import multiprocessing
 import os
 import queue
-import secrets
 import signal
 import sys
 import threading
@@ -27,27 +26,14 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from xpu_serve.sim import kernel, multinode, proctitle, vlog
+from xpu_serve.sim import core_crash, dist_files, kernel, multinode, proctitle, scheduler, shm_broadcast, vlog
 from xpu_serve.sim.common import SimConfig, pci_address
+from xpu_serve.sim.core_crash import Fatal
 from xpu_serve.sim.worker import worker_main
 
 ENGINE_NAME = "EngineCore_DP0"
 """The EngineCore's name with the default (vLLM 0.14) prefixes; see SimConfig.engine_name."""
 
-
-# The first frames of an EngineCore start-up traceback (vllm/v1/engine/core.py run_engine_core ->
-# EngineCoreProc.__init__), shared by every start-up failure it prints.
-_CORE_INIT_FRAMES = [
-    ("vllm/v1/engine/core.py", 927, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
-    ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
-]
-
-
-class _Fatal(Exception):
-    def __init__(self, kind: str, in_step: bool):
-        super().__init__(kind)
-        self.kind = kind
-        self.in_step = in_step
 
 
 def run_engine_core(cfg: SimConfig, api: Connection) -> None:
@@ -120,7 +106,7 @@ class EngineCore:
         threading.Thread(target=self._read_api, name="EngineCoreInput", daemon=True).start()
         try:
             self._startup()
-        except _Fatal as e:
+        except Fatal as e:
             self._startup_failed(e.kind)
         vlog.info(
             "core.py:281",
@@ -130,7 +116,7 @@ class EngineCore:
         self._send_api(("ready", {"kv_cache_tokens": self.cfg.kv_cache_tokens}))
         try:
             self.run_busy_loop()
-        except _Fatal as e:
+        except Fatal as e:
             self._fatal(e.kind, e.in_step)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
@@ -138,29 +124,8 @@ class EngineCore:
         os._exit(0)
 
     def _make_dist_files(self) -> None:
-        """/tmp/vllm_dist_<hex> (vLLM's distributed init file) and a MessageQueue buffer in
-        /dev/shm registered with the resource tracker: both outlive a crash as in real vLLM.
-
-        The init file's descriptor stays open for the process's life. Real vLLM's c10d
-        FileStore opens it only for moments, and there the supervisor proves it ours by the
-        `distributed_init_method=file://...` log line or by the id in the mapped cpushm names.
-        The simulator logs a tcp:// init method (XPU), so this open descriptor is what lets the
-        supervisor prove the file ours before any worker has mapped its segment.
-
-        The buffer is `psm_<8 hex>` (Python's default name, as vLLM's ShmRingBuffer:
-        vllm/distributed/device_communicators/shm_broadcast.py), or `<shm_prefix><8 hex>` when
-        XPU_SERVE_SIM_SHM_PREFIX is set, so that a test can tell its own leftovers from others'."""
-        try:
-            self.dist_fd = os.open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            self.dist_fd = None
-        try:
-            from multiprocessing import shared_memory
-
-            name = self.cfg.shm_prefix + secrets.token_hex(4) if self.cfg.shm_prefix else None
-            self.shm = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
-        except (OSError, ValueError):
-            self.shm = None
+        """The leftovers of a real run (sim.dist_files): the init file and the MessageQueue buffer."""
+        self.dist_fd, self.shm = dist_files.make_dist_files(self.cfg)
 
     def _start_workers(self) -> None:
         """Spawn the local workers; with `--nnodes`, listen on the master port first and wait for
@@ -199,7 +164,7 @@ class EngineCore:
                 if isinstance(obj, int):
                     r = sentinel_rank[obj]
                     self.dead_rank = r
-                    raise _Fatal("startup-died", False)
+                    raise Fatal("startup-died", False)
                 r = conn_rank[id(obj)]
                 try:
                     msg: Any = obj.recv()  # type: ignore[union-attr,call-arg]
@@ -219,7 +184,7 @@ class EngineCore:
                 elif msg[0] == "failed":
                     self.dead_rank = r
                     self.fail_text = msg[1]
-                    raise _Fatal("startup-rpc" if msg[2] == "kv-cache" else "startup-died", False)
+                    raise Fatal("startup-rpc" if msg[2] == "kv-cache" else "startup-died", False)
 
     def _kv_cache_lines(self) -> None:
         c = self.cfg
@@ -230,83 +195,19 @@ class EngineCore:
         )
 
     def _startup_failed(self, kind: str) -> None:
-        if kind == "startup-rpc":
-            frames = [
-                *_CORE_INIT_FRAMES,
-                (
-                    "vllm/v1/engine/core.py",
-                    113,
-                    "__init__",
-                    "num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(",
-                ),
-                (
-                    "vllm/v1/engine/core.py",
-                    229,
-                    "_initialize_kv_caches",
-                    "available_gpu_memory = self.model_executor.determine_available_memory()",
-                ),
-                (
-                    "vllm/v1/executor/abstract.py",
-                    126,
-                    "determine_available_memory",
-                    'return self.collective_rpc("determine_available_memory")',
-                ),
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    358,
-                    "collective_rpc",
-                    "return aggregate(get_response())",
-                ),
-                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError("),
-            ]
-            exc = (
-                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
-                "trace above for the root cause"
-            )
-        else:
-            if self.dead_rank is not None and self.procs[self.dead_rank].exitcode is not None:
-                vlog.error(
-                    "multiproc_executor.py:231",
-                    f"Worker proc VllmWorker-{self.dead_rank} died unexpectedly, shutting down executor.",
-                )
-            frames = [
-                *_CORE_INIT_FRAMES,
-                (
-                    "vllm/v1/engine/core.py",
-                    105,
-                    "__init__",
-                    "self.model_executor = executor_class(vllm_config)",
-                ),
-                ("vllm/v1/executor/abstract.py", 101, "__init__", "self._init_executor()"),
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    174,
-                    "_init_executor",
-                    "self.workers = WorkerProc.wait_for_ready(unready_workers)",
-                ),
-                ("vllm/v1/executor/multiproc_executor.py", 660, "wait_for_ready", "raise e from None"),
-            ]
-            exc = (
-                "Exception: WorkerProc initialization failed due to an exception in a background process. "
-                "See stack trace for root cause."
+        """``EngineCore failed to start.`` (core.py run_engine_core), the workers stopped, the
+        process traceback, exit 1."""
+        frames, exc = core_crash.startup_traceback(kind, self.fail_text)
+        if kind != "startup-rpc" and self.dead_rank is not None and self.procs[self.dead_rank].exitcode is not None:
+            vlog.error(
+                "multiproc_executor.py:231",
+                f"Worker proc VllmWorker-{self.dead_rank} died unexpectedly, shutting down executor.",
             )
         vlog.error("core.py:936", "EngineCore failed to start.\n" + vlog.traceback_text(frames, exc))
         self.shutdown(clean=False)
-        self._process_traceback(frames[:1], exc)
+        core_crash.process_traceback(self.cfg.engine_name, frames[:1], exc)
         sys.stdout.flush()
         os._exit(1)
-
-    def _process_traceback(self, frames: list[tuple[str, int, str, str]], exc: str) -> None:
-        """What multiprocessing prints when the process target raises (BaseProcess._bootstrap)."""
-        head = [
-            ("py:multiprocessing/process.py", 314, "_bootstrap", "self.run()"),
-            ("py:multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
-            ("vllm/v1/engine/core.py", 940, "run_engine_core", "raise e"),
-        ]
-        sys.stderr.write(
-            f"Process {self.cfg.engine_name}:\n" + vlog.traceback_text(head + frames, exc) + "\n"
-        )
-        sys.stderr.flush()
 
     def shutdown(self, clean: bool) -> None:
         """Stop the workers: close their death pipes, SIGTERM, then SIGKILL after a grace period
@@ -438,7 +339,7 @@ class EngineCore:
         elif msg[0] == "executor-failed":
             # With requests in flight the step waiting on the dead worker is cancelled (the shape of
             # every real log with traffic); idle, the input queue reports the executor failure.
-            raise _Fatal("cancelled", True) if self.requests else _Fatal("executor-failed", False)
+            raise Fatal("cancelled", True) if self.requests else Fatal("executor-failed", False)
 
     def step(self) -> None:
         """One engine step: every worker runs the forward pass; one token per running request."""
@@ -452,72 +353,22 @@ class EngineCore:
                 c.send(("step", n, len(self.requests)))
             except OSError:
                 pass
-        pending = set(range(len(self.conns)))
-        live = {id(c): r for r, c in enumerate(self.conns)}
-        t0 = time.monotonic()
-        warn_every = self.cfg.scaled(self.cfg.ring_warning_interval)
-        next_warn = t0 + warn_every
-        deadline = t0 + self.cfg.scaled(self.cfg.execute_model_timeout)
-        while pending:
-            if self.failed.is_set():
-                raise _Fatal("cancelled", True)
-            now = time.monotonic()
-            if now >= deadline:
-                raise _Fatal("timeout", True)
-            if now >= next_warn:
-                iv = self.cfg.ring_warning_interval
-                vlog.info(
-                    "shm_broadcast.py:542",
-                    f"No available shared memory broadcast block found in {int(iv) if iv == int(iv) else iv} "
-                    "seconds. This typically happens when some processes are hanging or doing some "
-                    "time-consuming work (e.g. compilation, weight/kv cache quantization).",
-                )
-                next_warn += warn_every
-            conns = [c for c in self.conns if id(c) in live and live[id(c)] in pending]
-            timeout = max(0.0, min(0.05, next_warn - now, deadline - now))
-            for obj in wait(conns, timeout=timeout) if conns else []:
-                link: Any = obj
-                try:
-                    msg = link.recv()
-                except (EOFError, OSError):
-                    gone = live.pop(id(link), -1)
-                    if gone in self.remote:  # the follower died inside this step
-                        self._peer_failed(n, gone, reset=True)
-                    continue
-                if msg[0] == "out" and msg[1] == n:
-                    pending.discard(msg[2])
-                elif msg[0] == "err" and msg[1] == n:
-                    # a worker raised in the forward pass (vLLM: a FAILURE response on the
-                    # worker's response queue; get_response raises "Worker failed with error")
-                    self.dead_rank = msg[2]
-                    self.fail_text = msg[3]
-                    raise _Fatal("worker-error", True)
-            if not conns:
-                time.sleep(timeout)
-        outs = []
-        prompt_new = 0
-        for rid, req in list(self.requests.items()):
-            if req[2] == 0:
-                prompt_new += req[0]
-            req[2] += 1
-            finished = req[2] >= req[1]
-            outs.append((rid, req[2] - 1, finished))
-            if finished:
-                del self.requests[rid]
-        in_kv = sum(r[0] + r[2] for r in self.requests.values())
-        stats = {
-            "running": len(self.requests),
-            "waiting": 0,
-            "kv_usage": min(1.0, in_kv / max(1, self.cfg.kv_cache_tokens)),
-            "prompt_tokens": prompt_new,
-            "generation_tokens": len(outs),
-        }
+        failure = shm_broadcast.wait_answers(self.conns, n, self.cfg, self.failed, self.remote)
+        if failure is not None:
+            what, rank, text = failure
+            if what == "peer-gone":
+                self._peer_failed(n, rank, reset=True)
+            # a worker raised in the forward pass (vLLM: get_response raises "Worker failed with error")
+            self.dead_rank = rank
+            self.fail_text = text
+            raise Fatal("worker-error", True)
+        outs, stats = scheduler.advance(self.requests, self.cfg.kv_cache_tokens)
         self._send_api(("out", outs, stats))
 
     def _peer_failed(self, step: int, rank: int, reset: bool) -> None:
         """A remote rank's link is gone: TP rank 0's collective with it fails (gloo), rank 0
         answers the step with the error, and the engine fails like on any worker error. Raises
-        _Fatal("worker-error")."""
+        Fatal("worker-error")."""
         text = multinode.gloo_error(self.remote[rank].peer, reset)
         self.fail_text = text
         self.dead_rank = 0
@@ -530,136 +381,14 @@ class EngineCore:
                     break
         except (EOFError, OSError):
             pass
-        raise _Fatal("worker-error", True)
+        raise Fatal("worker-error", True)
 
     def _fatal(self, kind: str, in_step: bool) -> None:
+        """``EngineCore encountered a fatal error.`` (core.py run_engine_core), ``dead`` to the
+        API server, the executor shut down, the process traceback, exit 1."""
         if in_step:
-            vlog.error("dump_input.py:72", "Dumping input data for " + self._config_text())
-            ids = list(self.requests)
-            vlog.error(
-                "dump_input.py:79",
-                "Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[], "
-                f"scheduled_cached_reqs=CachedRequestData(req_ids={ids!r},resumed_req_ids=set(),new_token_ids_lens=[],"
-                f"all_token_ids_lens={{}},new_block_ids={[None] * len(ids)!r},"
-                f"num_computed_tokens={[r[0] + r[2] for r in self.requests.values()]!r},"
-                f"num_output_tokens={[r[2] for r in self.requests.values()]!r}), "
-                f"total_num_scheduled_tokens={len(ids)}, scheduled_spec_decode_tokens={{}}, finished_req_ids=[])",
-            )
-            in_kv = sum(r[0] + r[2] for r in self.requests.values())
-            vlog.error(
-                "dump_input.py:81",
-                f"Dumping scheduler stats: SchedulerStats(num_running_reqs={len(ids)}, num_waiting_reqs=0, "
-                f"step_counter=0, current_wave=0, kv_cache_usage={in_kv / max(1, self.cfg.kv_cache_tokens)}, "
-                "prefix_cache_stats=PrefixCacheStats(reset=False, requests=0, queries=0, hits=0, "
-                "preempted_requests=0, preempted_queries=0, preempted_hits=0), spec_decoding_stats=None, "
-                "kv_connector_stats=None, cudagraph_stats=None, perf_stats=None)",
-            )
-        busy = [
-            ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
-            ("vllm/v1/engine/core.py", 956, "run_busy_loop", "self._process_engine_step()"),
-            (
-                "vllm/v1/engine/core.py",
-                989,
-                "_process_engine_step",
-                "outputs, model_executed = self.step_fn()",
-            ),
-            ("vllm/v1/engine/core.py", 388, "step", "model_output = future.result()"),
-            ("vllm/v1/executor/multiproc_executor.py", 80, "result", "return super().result()"),
-            ("py:concurrent/futures/_base.py", 449, "result", "return self.__get_result()"),
-            ("py:concurrent/futures/_base.py", 401, "__get_result", "raise self._exception"),
-            (
-                "vllm/v1/executor/multiproc_executor.py",
-                84,
-                "wait_for_response",
-                "response = self.aggregate(get_response())",
-            ),
-        ]
-        if kind == "timeout":
-            inner = vlog.traceback_text(
-                [
-                    (
-                        "vllm/v1/executor/multiproc_executor.py",
-                        336,
-                        "get_response",
-                        "status, result = mq.dequeue(",
-                    ),
-                    (
-                        "vllm/distributed/device_communicators/shm_broadcast.py",
-                        616,
-                        "dequeue",
-                        "with self.acquire_read(timeout, cancel, indefinite) as buf:",
-                    ),
-                    ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
-                    (
-                        "vllm/distributed/device_communicators/shm_broadcast.py",
-                        536,
-                        "acquire_read",
-                        "raise TimeoutError",
-                    ),
-                ],
-                "TimeoutError",
-            )
-            frames = busy + [
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    340,
-                    "get_response",
-                    'raise TimeoutError(f"RPC call to {method} timed out.") from e',
-                )
-            ]
-            exc = "TimeoutError: RPC call to execute_model timed out."
-            tb = (
-                inner
-                + "\n\nThe above exception was the direct cause of the following exception:\n\n"
-                + vlog.traceback_text(frames, exc, caret=True)
-            )
-        elif kind == "worker-error":
-            frames = busy + [
-                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError(")
-            ]
-            exc = (
-                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
-                "trace above for the root cause"
-            )
-            tb = vlog.traceback_text(frames, exc)
-        elif kind == "cancelled":
-            frames = busy + [
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    336,
-                    "get_response",
-                    "status, result = mq.dequeue(timeout=dequeue_timeout)",
-                ),
-                (
-                    "vllm/distributed/device_communicators/shm_broadcast.py",
-                    616,
-                    "dequeue",
-                    "with self.acquire_read(timeout, cancel, indefinite) as buf:",
-                ),
-                ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
-                (
-                    "vllm/distributed/device_communicators/shm_broadcast.py",
-                    530,
-                    "acquire_read",
-                    'raise RuntimeError("cancelled")',
-                ),
-            ]
-            exc = "RuntimeError: cancelled"
-            tb = vlog.traceback_text(frames, exc, caret=True)
-        else:  # executor failed while idle
-            frames = [
-                ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
-                ("vllm/v1/engine/core.py", 954, "run_busy_loop", "self._process_input_queue()"),
-                ("vllm/v1/engine/core.py", 981, "_process_input_queue", "self._handle_client_request(*req)"),
-                (
-                    "vllm/v1/engine/core.py",
-                    1014,
-                    "_handle_client_request",
-                    'raise RuntimeError("Executor failed.")',
-                ),
-            ]
-            exc = "RuntimeError: Executor failed."
-            tb = vlog.traceback_text(frames, exc)
+            core_crash.dump_input(self._config_text(), self.requests, self.cfg.kv_cache_tokens)
+        frames, exc, tb = core_crash.fatal_traceback(kind, self.fail_text)
         vlog.error("core.py:938", "EngineCore encountered a fatal error.\n" + tb)
         self._send_api(("dead",))
         if not self.shutting_down:
@@ -676,6 +405,6 @@ class EngineCore:
         self.shutdown(clean=False)
         if self.reset_thread is not None:
             self.reset_thread.join(self.cfg.scaled(10.0, floor=1.0))
-        self._process_traceback(frames, exc)
+        core_crash.process_traceback(self.cfg.engine_name, frames, exc)
         sys.stdout.flush()
         os._exit(1)
