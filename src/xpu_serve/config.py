@@ -1035,7 +1035,11 @@ def _parse_yaml(p: Path, text: str) -> tuple[Any, Any]:
 
 
 def _validate(
-    p: Path, data: dict[str, Any], lines: dict[Loc, int], interp: list[tuple[Loc, str]], dups: list[tuple[Loc, int]]
+    p: Path,
+    data: dict[str, Any],
+    lines: dict[Loc, int],
+    interp: list[tuple[Loc, str]],
+    dups: list[tuple[Loc, int]],
 ) -> tuple[Config | None, list[tuple[int, str]]]:
     """(the Config or None, its problems as (line, "FILE:LINE: key.path: message")): pydantic's
     errors, less those already reported as an interpolation problem or a duplicate key."""

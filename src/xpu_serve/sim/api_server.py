@@ -514,7 +514,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pieces.append(_token_text(item[1]))
             if item[2]:
                 break
-        self._json(200, _completion_body(req.rid, chat, created, name, "".join(pieces), prompt_tokens, len(pieces)))
+        text = "".join(pieces)
+        self._json(200, _completion_body(req.rid, chat, created, name, text, prompt_tokens, len(pieces)))
 
     def _read_request(self, body: dict[str, Any], chat: bool) -> tuple[str, int, int] | None:
         """(model, prompt tokens, max tokens) of a request body, or None after answering 404
@@ -522,7 +523,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         cfg = self.api.cfg
         extra = set(body) - _REQUEST_FIELDS
         if extra:  # vLLM's OpenAIBaseModel.__log_extra_fields__ (WARNING up to ~0.11, DEBUG later)
-            vlog.warning("protocol.py:51", f"The following fields were present in the request but ignored: {extra}")
+            vlog.warning(
+                "protocol.py:51", f"The following fields were present in the request but ignored: {extra}"
+            )
         model = body.get("model", cfg.served_model_name)
         if model not in (cfg.served_model_name, cfg.model):
             self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
