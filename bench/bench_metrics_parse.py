@@ -1,6 +1,6 @@
 """CPU per `/metrics` parse for the hang watchdog: `progress.parse_metrics` (a scan for vLLM's
 four progress families) against prometheus_client's text parser summing the same families, on
-the simulator's exposition text (`sim.api_server._Metrics`: vLLM's family names, types and
+the simulator's exposition text (`sim.api_metrics.Metrics`: vLLM's family names, types and
 labels), both timed alternately in this process with thread CPU time.
 
     .venv/bin/python bench/bench_metrics_parse.py [--runs 5] [--n 300]
@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import with_loadavg  # noqa: E402
 
-from xpu_serve.sim.api_server import _Metrics  # noqa: E402
+from xpu_serve.sim.api_metrics import Metrics  # noqa: E402
 from xpu_serve.sources import progress  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n", type=int, default=300)
     a = ap.parse_args()
-    text = _Metrics("qwen3-30b-a3b").text().decode()
+    text = Metrics("qwen3-30b-a3b").text().decode()
     got, want = progress.parse_metrics(text), baseline(text)
     if (got.running, got.waiting) != (want.get(progress.RUNNING), want.get(progress.WAITING)):
         print(f"disagree: {got} vs {want}")

@@ -2,7 +2,7 @@
 
 Every simulator a test starts (directly, through `SimRun`, or under a supervisor) inherits
 XPU_SERVE_SIM_SHM_PREFIX=`SHM_PREFIX` (set in `pytest_configure`), so its EngineCore's MessageQueue
-buffer is `/dev/shm/<SHM_PREFIX>...` (sim/engine_core.py, `_make_dist_files`) and not Python's
+buffer is `/dev/shm/<SHM_PREFIX>...` (sim/dist_files.py, `make_dist_files`) and not Python's
 anonymous `psm_<8 hex>`. The prefix is random per session, so `pytest_sessionfinish` sees exactly
 the segments this session's simulators left, never another session's or another program's: it
 lists them, removes them (they are proven ours by the name) and fails the run.

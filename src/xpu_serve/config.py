@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (
@@ -962,10 +962,45 @@ def load_config(path: str | Path) -> Config:
             REASON", "FILE: config file is N bytes; the limit is 1 MiB"; a YAML syntax error has
             no key path: "FILE:LINE: malformed YAML: ...").
     """
-    import yaml
-
     p = Path(path)
     text = _read_limited(p)
+    data, root = _parse_yaml(p, text)
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(
+            [f"{p}:1: the config must be a mapping with at least `engine: {{model: ...}}`, got {got}"]
+        )
+
+    lines: dict[Loc, int] = {}
+    dups: list[tuple[Loc, int]] = []
+    _node_lines(root, (), lines, dups)
+    problems: list[tuple[int, str]] = [
+        (line, f"{p}:{line}: {_path_str(loc)}: duplicate key") for loc, line in dups
+    ]
+
+    interp: list[tuple[Loc, str]] = []
+    data = _interpolate_tree(data, (), interp)
+    problems += [
+        (_line_of(loc, lines), f"{p}:{_line_of(loc, lines)}: {_path_str(loc)}: {msg}") for loc, msg in interp
+    ]
+
+    cfg, invalid = _validate(p, data, lines, interp, dups)
+    problems += invalid
+    if "source_path" in data:
+        line = lines.get(("source_path",), 1)
+        problems.append((line, f"{p}:{line}: source_path: unknown key"))
+
+    if problems or cfg is None:
+        _raise_problems(p, problems)
+    cfg.source_path = p
+    return cfg
+
+
+def _parse_yaml(p: Path, text: str) -> tuple[Any, Any]:
+    """(data, root node) of the config text under the loader's limits; raises ConfigError with
+    one line for a limit hit, a bad character, too deep a nesting or a YAML syntax error."""
+    import yaml
+
     loader = None
     try:
         loader = _safe_loader(text)
@@ -996,25 +1031,19 @@ def load_config(path: str | Path) -> Config:
         if loader is not None:
             loader.dispose()
 
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else f"a {type(data).__name__}"
-        raise ConfigError(
-            [f"{p}:1: the config must be a mapping with at least `engine: {{model: ...}}`, got {got}"]
-        )
+    return data, root
 
-    lines: dict[Loc, int] = {}
-    dups: list[tuple[Loc, int]] = []
-    _node_lines(root, (), lines, dups)
-    problems: list[tuple[int, str]] = [
-        (line, f"{p}:{line}: {_path_str(loc)}: duplicate key") for loc, line in dups
-    ]
 
-    interp: list[tuple[Loc, str]] = []
-    data = _interpolate_tree(data, (), interp)
-    problems += [
-        (_line_of(loc, lines), f"{p}:{_line_of(loc, lines)}: {_path_str(loc)}: {msg}") for loc, msg in interp
-    ]
-
+def _validate(
+    p: Path,
+    data: dict[str, Any],
+    lines: dict[Loc, int],
+    interp: list[tuple[Loc, str]],
+    dups: list[tuple[Loc, int]],
+) -> tuple[Config | None, list[tuple[int, str]]]:
+    """(the Config or None, its problems as (line, "FILE:LINE: key.path: message")): pydantic's
+    errors, less those already reported as an interpolation problem or a duplicate key."""
+    problems: list[tuple[int, str]] = []
     cfg: Config | None = None
     try:
         cfg = Config.model_validate(data)
@@ -1035,19 +1064,17 @@ def load_config(path: str | Path) -> Config:
                 msg += _unknown_key_hint(loc)
             line = _line_of(loc, lines)
             problems.append((line, f"{p}:{line}: {_path_str(loc) or '(top)'}: {msg}"))
-    if "source_path" in data:
-        line = lines.get(("source_path",), 1)
-        problems.append((line, f"{p}:{line}: source_path: unknown key"))
+    return cfg, problems
 
-    if problems or cfg is None:
-        problems.sort(key=lambda t: t[0])
-        lines_out = list(dict.fromkeys(msg for _, msg in problems))
-        if len(lines_out) > MAX_PROBLEMS:
-            more = len(lines_out) - MAX_PROBLEMS + 1
-            lines_out = [*lines_out[: MAX_PROBLEMS - 1], f"{p}: ... and {more} more problems"]
-        raise ConfigError(lines_out)
-    cfg.source_path = p
-    return cfg
+
+def _raise_problems(p: Path, problems: list[tuple[int, str]]) -> NoReturn:
+    """ConfigError with the problems in line order, each once, at most MAX_PROBLEMS lines."""
+    problems.sort(key=lambda t: t[0])
+    lines_out = list(dict.fromkeys(msg for _, msg in problems))
+    if len(lines_out) > MAX_PROBLEMS:
+        more = len(lines_out) - MAX_PROBLEMS + 1
+        lines_out = [*lines_out[: MAX_PROBLEMS - 1], f"{p}: ... and {more} more problems"]
+    raise ConfigError(lines_out)
 
 
 # --------------------------------------------------------------------------- hash

@@ -15,6 +15,8 @@ from xpu_serve.diagnosis import Incident
 
 WIDTH = 118
 
+_NO_ADVICE = "Collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time."
+
 PathMap = Callable[[str], str]
 """How a report names an evidence file: the analysis' path (RUNTIME/logs/1/vllm.log) -> the path
 shown (logs/vllm.log, relative to a bundle). Identity when None."""
@@ -127,108 +129,134 @@ def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]
     return lines
 
 
+def _root_lines(inc: Incident, width: int, files: PathMap | None) -> list[str]:
+    """ROOT CAUSE: label (process, rank, pid, time), its FILE:LINE and text, what it means, the
+    library, up to four records of the same death elsewhere; one line when nothing was found."""
+    r = inc.root
+    if not r:
+        return ["ROOT CAUSE: nothing in the input supports a verdict."] if inc.cause == "unknown" else []
+    who = ", ".join(
+        x
+        for x in (
+            r.get("process") or None,
+            f"rank {r['rank']}" if r.get("rank") is not None else None,
+            f"pid {r['pid']}" if r.get("pid") is not None else None,
+            f"at {r['time']}" if r.get("time") else None,
+        )
+        if x
+    )
+    out = [f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else "")]
+    out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
+    if inc.meaning:
+        out.extend(_wrap(inc.meaning, width, "  ", "  "))
+    if inc.library:
+        out.append(f"  library: {inc.library}")
+    for e in inc.root_evidence[:4]:
+        # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
+        where = _where(e, files).replace("(live)", "live")
+        when = f"{e['time']} " if e.get("time") else ""
+        out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
+    return out
+
+
+def _hang_lines(inc: Incident, width: int) -> list[str]:
+    """HANG: last progress, when and by whom detected, minutes without progress."""
+    if not inc.hang:
+        return []
+    h = inc.hang
+    delay = h.get("delay_s")
+    d = ""
+    if isinstance(delay, (int, float)):
+        m, s = divmod(int(delay), 60)
+        d = f"; {m}m{s:02d}s without progress before detection"
+    det = " ".join(
+        x
+        for x in (
+            f"at {h['detected_at']}" if h.get("detected_at") else "",
+            f"by {h['detected_by']}" if h.get("detected_by") else "",
+        )
+        if x
+    )
+    return _wrap(
+        f"last progress {h.get('last_progress') or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
+        width,
+        "HANG: ",
+        "      ",
+    )
+
+
+def _startup_lines(inc: Incident) -> list[str]:
+    """START-UP: the last milestone and the ranks that did not reach the next phase."""
+    if not inc.startup:
+        return []
+    su = inc.startup
+    miss = su.get("missing_ranks") or []
+    extra = f"; ranks that did not reach {su.get('missing_phase')}: {format_ranks(miss)}" if miss else ""
+    return [f"START-UP: last milestone reached: {su.get('last_milestone')}{extra}"]
+
+
+def _consequence_lines(inc: Incident, width: int, files: PathMap | None) -> list[str]:
+    """WHAT FOLLOWED: up to ten kinds of consequence (group_consequences), after a blank line."""
+    cons = group_consequences(inc, files)
+    if not cons:
+        return []
+    out = ["", "WHAT FOLLOWED (consequences, not causes):"]
+    for line in cons[:10]:
+        out.append(f"  {_cut_keeping_where(line, width - 4)}")
+    if len(cons) > 10:
+        more = len(cons) - 10
+        out.append(f"  ... and {more} more kind{'s' if more > 1 else ''} (see --json)")
+    return out
+
+
+def _timeline_lines(inc: Incident, width: int) -> list[str]:
+    """TIMELINE: up to 15 rows "MARK TIME WHO TEXT" (">>" the root, " +" its evidence)."""
+    if not inc.timeline:
+        return []
+    out = ["", "TIMELINE:"]
+    for t in inc.timeline[:15]:
+        who = t.get("process") or ""
+        if not who and t.get("rank") is not None:
+            who = f"rank {t['rank']}"
+        elif not who:
+            who = "(no prefix)" if t.get("source") == "vllm" else str(t.get("source") or "")
+        elif t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
+            who = f"{who}/r{t['rank']}"
+        mark = {"root": ">>", "evidence": " +"}.get(str(t.get("role")), "  ")
+        out.append(
+            f" {mark} {str(t.get('time') or '-'):>19}  {_cut(str(who), 14):<14} {_cut(t.get('text') or '', width - 42)}"
+        )
+    return out
+
+
+def _notes_lines(inc: Incident, width: int) -> list[str]:
+    """NOT SETTLED: up to six open questions."""
+    if not inc.notes:
+        return []
+    out = ["NOT SETTLED:"]
+    for n in inc.notes[:6]:
+        out.extend(_wrap(n, width, "  - ", "    "))
+    if len(inc.notes) > 6:
+        out.append(f"  ... and {len(inc.notes) - 6} more (see --json)")
+    return out
+
+
 def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None) -> str:
     """The one-screen report for people (about 40 lines at most); evidence files named through
     `files` (`bundle_paths` for a bundle's report.txt)."""
-    out: list[str] = []
     summary = inc.summary.strip()  # one sentence without its period (the supervisor appends "; bundle")
     if not summary.endswith((".", "!", "?")):
         summary += "."
-    out.extend(_wrap(summary, width, f"VERDICT: {inc.cause} — ", "  "))
+    out = _wrap(summary, width, f"VERDICT: {inc.cause} — ", "  ")
     out.append("")
-    r = inc.root
-    if r:
-        who = ", ".join(
-            x
-            for x in (
-                r.get("process") or None,
-                f"rank {r['rank']}" if r.get("rank") is not None else None,
-                f"pid {r['pid']}" if r.get("pid") is not None else None,
-                f"at {r['time']}" if r.get("time") else None,
-            )
-            if x
-        )
-        out.append(f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else ""))
-        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
-        if inc.meaning:
-            out.extend(_wrap(inc.meaning, width, "  ", "  "))
-        if inc.library:
-            out.append(f"  library: {inc.library}")
-        for e in inc.root_evidence[:4]:
-            # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
-            where = _where(e, files).replace("(live)", "live")
-            when = f"{e['time']} " if e.get("time") else ""
-            out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
-    elif inc.cause == "unknown":
-        out.append("ROOT CAUSE: nothing in the input supports a verdict.")
-    if inc.hang:
-        h = inc.hang
-        delay = h.get("delay_s")
-        d = ""
-        if isinstance(delay, (int, float)):
-            m, s = divmod(int(delay), 60)
-            d = f"; {m}m{s:02d}s without progress before detection"
-        det = " ".join(
-            x
-            for x in (
-                f"at {h['detected_at']}" if h.get("detected_at") else "",
-                f"by {h['detected_by']}" if h.get("detected_by") else "",
-            )
-            if x
-        )
-        out.extend(
-            _wrap(
-                f"last progress {h.get('last_progress') or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
-                width,
-                "HANG: ",
-                "      ",
-            )
-        )
-    if inc.startup:
-        su = inc.startup
-        miss = su.get("missing_ranks") or []
-        extra = f"; ranks that did not reach {su.get('missing_phase')}: {format_ranks(miss)}" if miss else ""
-        out.append(f"START-UP: last milestone reached: {su.get('last_milestone')}{extra}")
-    cons = group_consequences(inc, files)
-    if cons:
-        out.append("")
-        out.append("WHAT FOLLOWED (consequences, not causes):")
-        for line in cons[:10]:
-            out.append(f"  {_cut_keeping_where(line, width - 4)}")
-        if len(cons) > 10:
-            more = len(cons) - 10
-            out.append(f"  ... and {more} more kind{'s' if more > 1 else ''} (see --json)")
-    if inc.timeline:
-        out.append("")
-        out.append("TIMELINE:")
-        for t in inc.timeline[:15]:
-            who = t.get("process") or ""
-            if not who and t.get("rank") is not None:
-                who = f"rank {t['rank']}"
-            elif not who:
-                who = "(no prefix)" if t.get("source") == "vllm" else str(t.get("source") or "")
-            elif t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
-                who = f"{who}/r{t['rank']}"
-            mark = {"root": ">>", "evidence": " +"}.get(str(t.get("role")), "  ")
-            out.append(
-                f" {mark} {str(t.get('time') or '-'):>19}  {_cut(str(who), 14):<14} {_cut(t.get('text') or '', width - 42)}"
-            )
+    out += _root_lines(inc, width, files)
+    out += _hang_lines(inc, width)
+    out += _startup_lines(inc)
+    out += _consequence_lines(inc, width, files)
+    out += _timeline_lines(inc, width)
     out.append("")
-    out.extend(
-        _wrap(
-            inc.advice
-            or "Collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time.",
-            width,
-            "NEXT: ",
-            "      ",
-        )
-    )
-    if inc.notes:
-        out.append("NOT SETTLED:")
-        for n in inc.notes[:6]:
-            out.extend(_wrap(n, width, "  - ", "    "))
-        if len(inc.notes) > 6:
-            out.append(f"  ... and {len(inc.notes) - 6} more (see --json)")
+    out += _wrap(inc.advice or _NO_ADVICE, width, "NEXT: ", "      ")
+    out += _notes_lines(inc, width)
     return "\n".join(out) + "\n"
 
 
@@ -251,6 +279,5 @@ def render_compact(inc: Incident, width: int = 100, files: PathMap | None = None
         out.extend(f"  {_cut_keeping_where(c, width - 2)}" for c in cons[:COMPACT_CONSEQUENCES])
         if len(cons) > COMPACT_CONSEQUENCES:
             out.append(f"  ... and {len(cons) - COMPACT_CONSEQUENCES} more kinds")
-    advice = inc.advice or "Collect the vLLM log from start-up on and the kernel log (dmesg -T) of the same time."
-    out.extend(_wrap(advice, width, "NEXT: ", "      ", max_lines=3))
+    out.extend(_wrap(inc.advice or _NO_ADVICE, width, "NEXT: ", "      ", max_lines=3))
     return out

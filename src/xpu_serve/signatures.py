@@ -313,69 +313,86 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
         if not isinstance(row, dict) or "id" not in row:
             raise SignatureError(f"{origin}: row {i + 1}: not a mapping with an id")
         rid = str(row["id"])
-        where = f"{origin}: {rid}"
         if rid in seen:
-            raise SignatureError(f"{where}: duplicate id")
+            raise SignatureError(f"{origin}: {rid}: duplicate id")
         seen.add(rid)
-        for key in ("pattern", "role", "meaning", "example"):
-            if not row.get(key):
-                raise SignatureError(f"{where}: missing {key}")
-        role = row["role"]
-        if role not in ROLES:
-            raise SignatureError(f"{where}: role must be one of {', '.join(ROLES)}")
-        cause = row.get("cause")
-        if cause is not None and cause not in CAUSES:
-            raise SignatureError(f"{where}: unknown cause {cause!r}")
-        if role == "root" and cause is None:
-            raise SignatureError(f"{where}: a root row needs a cause")
-        src = row.get("source", "any")
-        sources = () if src == "any" else _as_tuple(src)
-        for s in sources:
-            if s not in SOURCES:
-                raise SignatureError(f"{where}: unknown source {s!r}")
-        pattern = str(row["pattern"])
-        if row.get("codes") is not None:
-            pattern = pattern.replace("{codes}", _codes_alternation(row["codes"], where))
-        try:
-            pat = re.compile(pattern)
-        except re.error as e:
-            raise SignatureError(f"{where}: bad pattern: {e}") from e
-        kws = _as_tuple(row.get("keywords"))
-        in_tb = bool(row.get("in_traceback", False))
-        if "keywords" not in row and not in_tb and not row.get("level"):
-            k = derive_keyword(pattern)
-            if k is None:
-                raise SignatureError(f"{where}: cannot derive a keyword from the pattern; list `keywords`")
-            kws = (k,)
-        rows.append(
-            Signature(
-                id=rid,
-                sources=sources,
-                pattern=pat,
-                role=role,
-                cause=cause,
-                meaning=str(row["meaning"]).strip(),
-                advice=str(row.get("advice") or "").strip(),
-                example=str(row["example"]),
-                label=str(row.get("label") or rid),
-                keywords=kws,
-                level=row.get("level"),
-                weight=int(row.get("weight", CAUSE_WEIGHT.get(cause or "unknown", 0))),
-                phase=row.get("phase"),
-                per_rank=bool(row.get("per_rank", False)),
-                in_traceback=in_tb,
-                overlaps=_as_tuple(row.get("overlaps")),
-                detected_by=row.get("detected_by"),
-                index=i,
-                extra={
-                    "fatal": bool(row.get("fatal", False)),
-                    "quotes_root": bool(row.get("quotes_root", False)),
-                    "launcher_report": bool(row.get("launcher_report", False)),
-                    "opens_burst": bool(row.get("opens_burst", False)),
-                },
-            )
-        )
+        rows.append(_parse_row(row, i, f"{origin}: {rid}"))
     return SignatureTable(rows)
+
+
+def _row_sources(row: dict[str, Any], where: str) -> tuple[str, ...]:
+    """The row's required fields, role and cause checked; its sources (() for "any"). Raises
+    SignatureError prefixed with `where` ("FILE: ID")."""
+    for key in ("pattern", "role", "meaning", "example"):
+        if not row.get(key):
+            raise SignatureError(f"{where}: missing {key}")
+    role = row["role"]
+    if role not in ROLES:
+        raise SignatureError(f"{where}: role must be one of {', '.join(ROLES)}")
+    cause = row.get("cause")
+    if cause is not None and cause not in CAUSES:
+        raise SignatureError(f"{where}: unknown cause {cause!r}")
+    if role == "root" and cause is None:
+        raise SignatureError(f"{where}: a root row needs a cause")
+    src = row.get("source", "any")
+    sources = () if src == "any" else _as_tuple(src)
+    for s in sources:
+        if s not in SOURCES:
+            raise SignatureError(f"{where}: unknown source {s!r}")
+    return sources
+
+
+def _row_pattern(row: dict[str, Any], where: str) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """(compiled pattern with ``{codes}`` expanded, prefilter keywords: listed, or derived from
+    the pattern unless the row is matched only in tracebacks or by level)."""
+    pattern = str(row["pattern"])
+    if row.get("codes") is not None:
+        pattern = pattern.replace("{codes}", _codes_alternation(row["codes"], where))
+    try:
+        pat = re.compile(pattern)
+    except re.error as e:
+        raise SignatureError(f"{where}: bad pattern: {e}") from e
+    kws = _as_tuple(row.get("keywords"))
+    if "keywords" not in row and not row.get("in_traceback", False) and not row.get("level"):
+        k = derive_keyword(pattern)
+        if k is None:
+            raise SignatureError(f"{where}: cannot derive a keyword from the pattern; list `keywords`")
+        kws = (k,)
+    return pat, kws
+
+
+def _parse_row(row: dict[str, Any], index: int, where: str) -> Signature:
+    """Row `index` (0-based) of the table as a Signature; raises SignatureError."""
+    sources = _row_sources(row, where)
+    pat, kws = _row_pattern(row, where)
+    cause = row.get("cause")
+    rid = str(row["id"])
+    return Signature(
+        id=rid,
+        sources=sources,
+        pattern=pat,
+        role=row["role"],
+        cause=cause,
+        meaning=str(row["meaning"]).strip(),
+        advice=str(row.get("advice") or "").strip(),
+        example=str(row["example"]),
+        label=str(row.get("label") or rid),
+        keywords=kws,
+        level=row.get("level"),
+        weight=int(row.get("weight", CAUSE_WEIGHT.get(cause or "unknown", 0))),
+        phase=row.get("phase"),
+        per_rank=bool(row.get("per_rank", False)),
+        in_traceback=bool(row.get("in_traceback", False)),
+        overlaps=_as_tuple(row.get("overlaps")),
+        detected_by=row.get("detected_by"),
+        index=index,
+        extra={
+            "fatal": bool(row.get("fatal", False)),
+            "quotes_root": bool(row.get("quotes_root", False)),
+            "launcher_report": bool(row.get("launcher_report", False)),
+            "opens_burst": bool(row.get("opens_burst", False)),
+        },
+    )
 
 
 @lru_cache(maxsize=8)

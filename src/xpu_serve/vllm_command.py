@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpu_serve.config import Config, preset_vars
+from xpu_serve.config import Config, EngineConfig, preset_vars
 
 MASK = "***"
 """What a secret value is shown as."""
@@ -138,6 +138,22 @@ def group_flags(cfg: Config) -> list[str]:
     return flags + (["--headless"] if g.role == "follower" else [])
 
 
+class _Argv:
+    """The argv being built and the indexes of its secret values."""
+
+    def __init__(self, head: list[str]):
+        self.argv = list(head)
+        self.secret: set[int] = set()
+
+    def add(self, flag: str, value: Any = None, *, is_secret: bool = False) -> None:
+        """`flag`, then `value` rendered (a secret when `is_secret` or the flag's name says so)."""
+        self.argv.append(flag)
+        if value is not None:
+            self.argv.append(_value(value))
+            if is_secret or is_secret_name(flag):
+                self.secret.add(len(self.argv) - 1)
+
+
 def render(cfg: Config) -> Rendered:
     """Turn a validated config into the engine's argv and environment (rules in the module docstring).
 
@@ -146,26 +162,29 @@ def render(cfg: Config) -> Rendered:
             rejects it with its line).
     """
     e = cfg.engine
-    argv: list[str] = list(e.command)
-    secret: set[int] = set()
-
-    def add(flag: str, value: Any = None, *, is_secret: bool = False) -> None:
-        argv.append(flag)
-        if value is not None:
-            argv.append(_value(value))
-            if is_secret or is_secret_name(flag):
-                secret.add(len(argv) - 1)
-
+    out = _Argv(e.command)
     if e.model_arg == "flag":
-        add("--model", e.model)
+        out.add("--model", e.model)
     else:
-        argv.append(e.model)
+        out.argv.append(e.model)
     head = len(e.command) + (e.model_arg == "positional")
+    _typed_flags(e, out)
+    out.argv += group_flags(cfg)
+    _extra_args(e.args, out)
+    env = _engine_env(cfg)
+    secret_keys = frozenset(k for k in env if is_secret_name(k))
+    return Rendered(
+        argv=out.argv, env=env, secret_keys=secret_keys, secret_argv=frozenset(out.secret), head=head
+    )
+
+
+def _typed_flags(e: EngineConfig, out: _Argv) -> None:
+    """The flags of the engine section's own keys, in a fixed order."""
     if e.served_model_name is not None:
-        add("--served-model-name", e.served_model_name)
-    add("--tensor-parallel-size", e.tensor_parallel_size)
-    add("--host", e.host)
-    add("--port", e.port)
+        out.add("--served-model-name", e.served_model_name)
+    out.add("--tensor-parallel-size", e.tensor_parallel_size)
+    out.add("--host", e.host)
+    out.add("--port", e.port)
     for name in (
         "dtype",
         "max_model_len",
@@ -176,43 +195,48 @@ def render(cfg: Config) -> Rendered:
     ):
         v = getattr(e, name)
         if v is not None:
-            add("--" + name.replace("_", "-"), v)
+            out.add("--" + name.replace("_", "-"), v)
     if e.enforce_eager:
-        add("--enforce-eager")
+        out.add("--enforce-eager")
     if e.trust_remote_code:
-        add("--trust-remote-code")
-    argv += group_flags(cfg)
+        out.add("--trust-remote-code")
 
-    for key, v in e.args.items():
+
+def _extra_args(args: dict[str, Any], out: _Argv) -> None:
+    """`engine.args` in the file's order: True a bare flag, False `--no-FLAG`, None nothing, a
+    list one flag per item for APPEND_FLAGS (else the flag once, then the items)."""
+    for key, v in args.items():
         name = key.lstrip("-").replace("_", "-")
         flag = "--" + name
         if v is None:
             continue
         if v is True:
-            add(flag)
+            out.add(flag)
         elif v is False:
-            add("--no-" + name)
+            out.add("--no-" + name)
         elif isinstance(v, list):
             if name in APPEND_FLAGS:
                 for item in v:
-                    add(flag, item)
+                    out.add(flag, item)
             else:
-                argv.append(flag)
+                out.argv.append(flag)
                 for item in v:
-                    argv.append(_value(item))
+                    out.argv.append(_value(item))
                     if is_secret_name(flag):
-                        secret.add(len(argv) - 1)
+                        out.secret.add(len(out.argv) - 1)
         else:
-            add(flag, v)
+            out.add(flag, v)
 
+
+def _engine_env(cfg: Config) -> dict[str, str]:
+    """ALWAYS_ENV, then the presets' variables, then `environment.vars`, then VLLM_API_KEY."""
     env: dict[str, str] = dict(ALWAYS_ENV)
     for preset in cfg.environment.presets:
         env.update(preset_vars(preset))
     env.update(cfg.environment.vars)
-    if e.api_key is not None:
+    if cfg.engine.api_key is not None:
         # in the engine's environment, never on its argv: /proc/PID/cmdline is readable by every
         # local user, /proc/PID/environ only by its owner (vllm/envs.py VLLM_API_KEY; the API
         # server uses `args.api_key or envs.VLLM_API_KEY`)
-        env["VLLM_API_KEY"] = e.api_key
-    secret_keys = frozenset(k for k in env if is_secret_name(k))
-    return Rendered(argv=argv, env=env, secret_keys=secret_keys, secret_argv=frozenset(secret), head=head)
+        env["VLLM_API_KEY"] = cfg.engine.api_key
+    return env

@@ -122,69 +122,22 @@ def _live_exits(bundle: str) -> list[str]:
     return out
 
 
+class _Usage(Exception):
+    """A bad input: the line after "xpu-serve diagnose: " on stderr, exit USAGE."""
+
+
 def run(args: argparse.Namespace) -> int:
     """Diagnose the files; print the report or the JSON verdict."""
     from xpu_serve.diagnosis import Analyzer, diagnose_files
     from xpu_serve.report import render_text
 
-    paths: list[str] = []
-    unmatched: list[str] = []
-    for p in list(args.files) + list(args.dmesg):
-        if p != "-" and not os.path.lexists(p) and any(ch in p for ch in "*?["):
-            # a shell glob that matched nothing reaches us verbatim (`diagnose DIR/*.log DIR/*.txt`
-            # on a case without a .txt): expand it ourselves, and ignore it when it matches nothing
-            found = sorted(glob.glob(p))
-            if found:
-                paths.extend(found)
-            else:
-                unmatched.append(p)
-            continue
-        paths.append(p)
-    if not paths:
-        what = f" (no file matches {', '.join(unmatched)})" if unmatched else " (FILE... or --dmesg FILE)"
-        print(f"xpu-serve diagnose: no input file given{what}", file=sys.stderr)
+    try:
+        paths, unmatched = _expand_globs(list(args.files) + list(args.dmesg))
+        paths, bundles = _expand_bundles(paths)
+        _check_inputs(paths)
+    except _Usage as e:
+        print(f"xpu-serve diagnose: {e}", file=sys.stderr)
         return exitcodes.USAGE
-    expanded: list[str] = []
-    bundles: list[str] = []
-    for p in paths:
-        if p != "-" and os.path.isdir(p):
-            inside = bundle_inputs(p)
-            if inside is None:
-                print(
-                    f"xpu-serve diagnose: {p}: is a directory (not a bundle: no incident.json and logs/)",
-                    file=sys.stderr,
-                )
-                return exitcodes.USAGE
-            links = [f for f in inside if os.path.islink(f)]
-            if links:
-                # a bundle is written by us with regular files only; a link in one copied from
-                # elsewhere could make us read (and print evidence from) any file on this host
-                print(f"xpu-serve diagnose: {links[0]}: a symlink inside a bundle: refused", file=sys.stderr)
-                return exitcodes.USAGE
-            expanded.extend(inside)
-            bundles.append(p)
-            continue
-        expanded.append(p)
-    paths = expanded
-    for p in paths:
-        # only stat here: each input is opened exactly once, by diagnose_files (a FIFO opened to
-        # test it and closed loses its writer's data); a device would be read forever (/dev/zero)
-        if p == "-":
-            if sys.stdin is None:
-                print("xpu-serve diagnose: -: standard input is closed", file=sys.stderr)
-                return exitcodes.USAGE
-            continue
-        try:
-            st = os.stat(p)
-        except OSError as e:
-            print(f"xpu-serve diagnose: {p}: cannot read: {e.strerror or e}", file=sys.stderr)
-            return exitcodes.USAGE
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
-            print(f"xpu-serve diagnose: {p}: not a regular file", file=sys.stderr)
-            return exitcodes.USAGE
-        if not os.access(p, os.R_OK):
-            print(f"xpu-serve diagnose: {p}: cannot read: Permission denied", file=sys.stderr)
-            return exitcodes.USAGE
     an = Analyzer()
     an.dedup = len(paths) > 1  # copies of a line in several files of one incident count once
     inputs: list[str | tuple[str, BinaryIO]] = []
@@ -215,3 +168,66 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(inc))
     return exitcodes.NO_VERDICT if inc.cause == "unknown" else exitcodes.OK
+
+
+def _expand_globs(names: list[str]) -> tuple[list[str], list[str]]:
+    """(paths, unmatched patterns): a shell glob that matched nothing reaches us verbatim
+    (`diagnose DIR/*.log DIR/*.txt` on a case without a .txt): expand it ourselves, and ignore
+    it when it matches nothing. Raises _Usage when no input is left."""
+    paths: list[str] = []
+    unmatched: list[str] = []
+    for p in names:
+        if p != "-" and not os.path.lexists(p) and any(ch in p for ch in "*?["):
+            found = sorted(glob.glob(p))
+            if found:
+                paths.extend(found)
+            else:
+                unmatched.append(p)
+            continue
+        paths.append(p)
+    if not paths:
+        what = f" (no file matches {', '.join(unmatched)})" if unmatched else " (FILE... or --dmesg FILE)"
+        raise _Usage(f"no input file given{what}")
+    return paths, unmatched
+
+
+def _expand_bundles(paths: list[str]) -> tuple[list[str], list[str]]:
+    """(paths with each bundle directory replaced by its inputs, the bundles). Raises _Usage for
+    a directory that is not a bundle or a bundle holding a symlink."""
+    expanded: list[str] = []
+    bundles: list[str] = []
+    for p in paths:
+        if p != "-" and os.path.isdir(p):
+            inside = bundle_inputs(p)
+            if inside is None:
+                raise _Usage(f"{p}: is a directory (not a bundle: no incident.json and logs/)")
+            links = [f for f in inside if os.path.islink(f)]
+            if links:
+                # a bundle is written by us with regular files only; a link in one copied from
+                # elsewhere could make us read (and print evidence from) any file on this host
+                raise _Usage(f"{links[0]}: a symlink inside a bundle: refused")
+            expanded.extend(inside)
+            bundles.append(p)
+            continue
+        expanded.append(p)
+    return expanded, bundles
+
+
+def _check_inputs(paths: list[str]) -> None:
+    """Raises _Usage for a closed stdin, or a path that does not stat, is neither a regular
+    file nor a FIFO, or is not readable. Only stat here: each input is opened exactly once, by
+    diagnose_files (a FIFO opened to test it and closed loses its writer's data); a device
+    would be read forever (/dev/zero)."""
+    for p in paths:
+        if p == "-":
+            if sys.stdin is None:
+                raise _Usage("-: standard input is closed")
+            continue
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            raise _Usage(f"{p}: cannot read: {e.strerror or e}") from None
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise _Usage(f"{p}: not a regular file")
+        if not os.access(p, os.R_OK):
+            raise _Usage(f"{p}: cannot read: Permission denied")

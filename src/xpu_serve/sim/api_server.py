@@ -29,26 +29,17 @@ from http import HTTPStatus
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from xpu_serve.sim import vlog
+from xpu_serve.sim import api_crash, vlog
+from xpu_serve.sim.api_crash import ENGINE_DEAD_MSG
+from xpu_serve.sim.api_metrics import Metrics
 from xpu_serve.sim.common import SimConfig
 from xpu_serve.sim.engine_core import run_engine_core
+from xpu_serve.sim.stat_logger import StatLogger
 
 _WORDS = (
     "the xpu engine answers every prompt with steady tokens while four cards share one model "
     "across tensor parallel ranks and the supervisor keeps watch"
 ).split()
-
-ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-# the innermost frames of vLLM's AsyncLLM output handler when the EngineCore is dead (file, line, function, text)
-_OUTPUT_HANDLER_FRAMES = (
-    ("vllm/v1/engine/async_llm.py", 502, "output_handler", "outputs = await engine_core.get_output_async()"),
-    (
-        "vllm/v1/engine/core_client.py",
-        899,
-        "get_output_async",
-        "raise self._format_exception(outputs) from None",
-    ),
-)
 
 _ROUTES = [
     ("/openapi.json", "GET, HEAD"),
@@ -85,15 +76,6 @@ def _token_text(index: int) -> str:
     return " " + _WORDS[(index * 7) % len(_WORDS)]
 
 
-# The first frames of every traceback the API server prints: `vllm serve` -> CLI main -> serve
-# (vllm/entrypoints/cli/main.py, cli/serve.py), shared by all of them.
-_CLI_FRAMES = [
-    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
-    ("vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
-    ("vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
-]
-
-
 # Request fields the simulator knows (a subset of vLLM's CompletionRequest/ChatCompletionRequest);
 # others are logged as vLLM logs them: names chosen by the client, in the server's own log.
 _REQUEST_FIELDS = frozenset(
@@ -101,6 +83,52 @@ _REQUEST_FIELDS = frozenset(
      "n", "stop", "seed", "user", "stream_options", "logprobs", "echo", "presence_penalty",
      "frequency_penalty"}
 )
+
+def _completion_body(
+    rid: str, chat: bool, created: int, name: str, text: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """The JSON of a non-streaming answer (vLLM's ChatCompletionResponse / CompletionResponse),
+    finished by length."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "tool_calls": [],
+                "reasoning_content": None,
+            },
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": name,
+        "choices": [choice],
+        "usage": usage,
+    }
+
 
 class _Request:
     def __init__(self, rid: str, prompt_tokens: int, max_tokens: int):
@@ -110,85 +138,6 @@ class _Request:
         self.q: queue.Queue[tuple] = queue.Queue()
         self.t0 = time.monotonic()
         self.first: float | None = None
-
-
-class _Metrics:
-    """vLLM's Prometheus families (vllm/v1/metrics/loggers.py PrometheusStatLogger), same names,
-    types and labels; built with prometheus_client like vLLM itself."""
-
-    def __init__(self, model_name: str):
-        from prometheus_client import Counter, Gauge, Histogram
-
-        labels = ["model_name", "engine"]
-        self.lv = {"model_name": model_name, "engine": "0"}
-        self.running = Gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", labels
-        )
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels
-        )
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels)
-        self.prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels)
-        self.gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels)
-        self.preempt = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels
-        )
-        self.pc_q = Counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels
-        )
-        self.pc_h = Counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels
-        )
-        self.success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.", labels + ["finished_reason"]
-        )
-        self.iter_tokens = Histogram(
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            labels,
-            buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels
-        )
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels
-        )
-        self.req_prompt = Histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            labels,
-            buckets=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000],
-        )
-        self.req_gen = Histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            labels,
-            buckets=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000],
-        )
-        for fam in (
-            self.running,
-            self.waiting,
-            self.kv,
-            self.prompt,
-            self.gen,
-            self.preempt,
-            self.pc_q,
-            self.pc_h,
-            self.iter_tokens,
-            self.ttft,
-            self.e2e,
-            self.req_prompt,
-            self.req_gen,
-        ):
-            fam.labels(**self.lv)
-        for reason in ("stop", "length", "abort"):
-            self.success.labels(finished_reason=reason, **self.lv)
-
-    def text(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest()
 
 
 class APIServer:
@@ -202,13 +151,11 @@ class APIServer:
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
         self.reqs: dict[str, _Request] = {}
-        self.stats: dict[str, Any] = {"running": 0, "waiting": 0, "kv_usage": 0.0}
-        self.tok_prompt = 0
-        self.tok_gen = 0
+        self.stat_logger = StatLogger()
         self.engine: Any = None
         self.conn: Connection | None = None
         self.httpd: http.server.ThreadingHTTPServer | None = None
-        self.metrics: _Metrics | None = None
+        self.metrics: Metrics | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -242,7 +189,7 @@ class APIServer:
         self.conn = mine
         if not self._wait_ready():
             return self._shutdown_before_ready()
-        self.metrics = _Metrics(cfg.served_model_name)
+        self.metrics = Metrics(cfg.served_model_name)
         vlog.info("api_server.py:1598", "Supported tasks: ['generate']")
         vlog.info("launcher.py:38", f"Starting vLLM API server 0 on http://{cfg.host}:{cfg.port}")
         vlog.info("launcher.py:46", "Available routes are:")
@@ -273,24 +220,7 @@ class APIServer:
         try:
             self.httpd = http.server.ThreadingHTTPServer((cfg.host, cfg.port), Handler)
         except OSError as e:
-            frames = [
-                *_CLI_FRAMES,
-                (
-                    "vllm/entrypoints/openai/api_server.py",
-                    1397,
-                    "run_server",
-                    "listen_address, sock = setup_server(args)",
-                ),
-                (
-                    "vllm/entrypoints/openai/api_server.py",
-                    1362,
-                    "setup_server",
-                    "sock = create_server_socket(sock_addr)",
-                ),
-                ("vllm/entrypoints/openai/api_server.py", 1319, "create_server_socket", "sock.bind(addr)"),
-            ]
-            sys.stderr.write(vlog.traceback_text(frames, f"OSError: [Errno {e.errno}] {e.strerror}") + "\n")
-            sys.stderr.flush()
+            api_crash.bind_failed(e.errno, e.strerror)
             return False
         self.httpd.daemon_threads = True
         return True
@@ -311,56 +241,7 @@ class APIServer:
                 return False
             if self.engine.sentinel in got or (self.conn in got and msg is None):
                 self.engine.join(5)
-                code = self.engine.exitcode
-                frames = [
-                    *_CLI_FRAMES,
-                    (
-                        "vllm/entrypoints/openai/api_server.py",
-                        1398,
-                        "run_server",
-                        "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)",
-                    ),
-                    (
-                        "vllm/entrypoints/openai/api_server.py",
-                        1417,
-                        "run_server_worker",
-                        "async with build_async_engine_client(",
-                    ),
-                    (
-                        "vllm/entrypoints/openai/api_server.py",
-                        172,
-                        "build_async_engine_client_from_engine_args",
-                        "async_llm = AsyncLLM.from_vllm_config(",
-                    ),
-                    ("vllm/v1/engine/async_llm.py", 223, "from_vllm_config", "return cls("),
-                    (
-                        "vllm/v1/engine/async_llm.py",
-                        134,
-                        "__init__",
-                        "self.engine_core = EngineCoreClient.make_async_mp_client(",
-                    ),
-                    (
-                        "vllm/v1/engine/core_client.py",
-                        121,
-                        "make_async_mp_client",
-                        "return AsyncMPClient(*client_args)",
-                    ),
-                    (
-                        "vllm/v1/engine/core_client.py",
-                        471,
-                        "__init__",
-                        "with launch_core_engines(vllm_config, executor_class, log_stats) as (",
-                    ),
-                    ("py:contextlib.py", 144, "__exit__", "next(self.gen)"),
-                    ("vllm/v1/engine/utils.py", 880, "launch_core_engines", "wait_for_engine_startup("),
-                    ("vllm/v1/engine/utils.py", 937, "wait_for_engine_startup", "raise RuntimeError("),
-                ]
-                exc = (
-                    "RuntimeError: Engine core initialization failed. See root cause above. "
-                    f"Failed core proc(s): {{'{self.cfg.engine_name}': {code}}}"
-                )
-                sys.stderr.write(vlog.traceback_text(frames, exc) + "\n")
-                sys.stderr.flush()
+                api_crash.engine_startup_failed(self.cfg.engine_name, self.engine.exitcode)
                 self.startup_failed = True
                 return False
         return False
@@ -403,10 +284,8 @@ class APIServer:
                 continue
             outs, stats = msg[1], msg[2]
             now = time.monotonic()
+            self.stat_logger.record(stats)
             with self.lock:
-                self.stats = stats
-                self.tok_prompt += stats["prompt_tokens"]
-                self.tok_gen += stats["generation_tokens"]
                 for rid, idx, finished in outs:
                     req = self.reqs.get(rid)
                     if req is None:
@@ -417,27 +296,13 @@ class APIServer:
                     req.q.put(("tok", idx, finished))
                     if finished:
                         self.reqs.pop(rid, None)
-                        m.e2e.labels(**m.lv).observe(now - req.t0)
-                        m.success.labels(finished_reason="length", **m.lv).inc()
-                        m.req_prompt.labels(**m.lv).observe(req.prompt_tokens)
-                        m.req_gen.labels(**m.lv).observe(req.max_tokens)
-            m.running.labels(**m.lv).set(stats["running"])
-            m.waiting.labels(**m.lv).set(stats["waiting"])
-            m.kv.labels(**m.lv).set(stats["kv_usage"])
-            m.prompt.labels(**m.lv).inc(stats["prompt_tokens"])
-            m.gen.labels(**m.lv).inc(stats["generation_tokens"])
-            m.pc_q.labels(**m.lv).inc(stats["prompt_tokens"])
-            m.iter_tokens.labels(**m.lv).observe(stats["prompt_tokens"] + stats["generation_tokens"])
+                        m.on_finished(now - req.t0, req.prompt_tokens, req.max_tokens)
+            m.on_step(stats)
 
     def _engine_dead(self) -> None:
         if self.dead:
             return
-        frames = list(_OUTPUT_HANDLER_FRAMES)
-        vlog.error(
-            "async_llm.py:546",
-            "AsyncLLM output_handler failed.\n"
-            + vlog.traceback_text(frames, f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MSG}"),
-        )
+        api_crash.output_handler_failed()
         with self.lock:
             self.dead = True
             for req in self.reqs.values():
@@ -447,33 +312,10 @@ class APIServer:
         threading.Timer(self.cfg.scaled(2.0, floor=0.5), self.stop.set).start()
 
     def _log_stats(self) -> None:
-        """vLLM LoggingStatLogger: every VLLM_LOG_STATS_INTERVAL; INFO only while this or the
-        previous interval had throughput (so a hang shows one 0.0 line, then silence)."""
+        """The stats line thread (sim.stat_logger); none with --disable-log-stats."""
         if self.cfg.disable_log_stats:
             return
-        last_p = last_g = 0.0
-        t_last = time.monotonic()
-        interval = self.cfg.scaled(self.cfg.stats_interval)
-        while not self.stop.wait(interval):
-            now = time.monotonic()
-            with self.lock:
-                p, g = self.tok_prompt, self.tok_gen
-                self.tok_prompt = self.tok_gen = 0
-                st = dict(self.stats)
-                dead = self.dead
-            el = max(1e-6, now - t_last)
-            t_last = now
-            pt, gt = p / el, g / el
-            if dead:
-                return
-            if pt or gt or last_p or last_g:
-                vlog.info(
-                    "loggers.py:257",
-                    f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: {gt:.1f} tokens/s, "
-                    f"Running: {st['running']} reqs, Waiting: {st['waiting']} reqs, "
-                    f"GPU KV cache usage: {100 * st['kv_usage']:.1f}%, Prefix cache hit rate: 0.0%",
-                )
-            last_p, last_g = pt, gt
+        self.stat_logger.run(self.cfg.scaled(self.cfg.stats_interval), self.stop, lambda: self.dead)
 
     def _crash(self, sig: str) -> None:
         sys.stdout.flush()
@@ -503,21 +345,7 @@ class APIServer:
                 self.metrics.success.labels(finished_reason="abort", **self.metrics.lv).inc()
 
     def stream_error(self, chat: bool) -> None:
-        where = "serving_chat.py:1343" if chat else "serving_completion.py:389"
-        what = "chat completion" if chat else "completion"
-        func = "chat_completion_stream_generator" if chat else "completion_stream_generator"
-        path = "vllm/entrypoints/openai/" + ("serving_chat.py" if chat else "serving_completion.py")
-        frames = [
-            (path, 715 if chat else 301, func, "async for res in result_generator:"),
-            ("vllm/v1/engine/async_llm.py", 437, "generate", "out = q.get_nowait() or await q.get()"),
-            ("vllm/v1/engine/output_processor.py", 77, "get", "raise output"),
-            *_OUTPUT_HANDLER_FRAMES,
-        ]
-        vlog.error(
-            where,
-            f"Error in {what} stream generator.\n"
-            + vlog.traceback_text(frames, f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MSG}"),
-        )
+        api_crash.stream_error(chat)
 
     # -- shutdown ----------------------------------------------------------------------------
     def _stop_engine(self) -> None:
@@ -659,43 +487,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._generate(body, chat)
 
     def _generate(self, body: dict[str, Any], chat: bool) -> None:
+        """A completion: the request checked as vLLM's OpenAI server checks it, submitted to the
+        engine, answered whole or streamed; 500 with EngineDeadError once the engine is dead."""
         api = self.api
-        cfg = api.cfg
-        extra = set(body) - _REQUEST_FIELDS
-        if extra:  # vLLM's OpenAIBaseModel.__log_extra_fields__ (WARNING up to ~0.11, DEBUG later)
-            vlog.warning("protocol.py:51", f"The following fields were present in the request but ignored: {extra}")
-        model = body.get("model", cfg.served_model_name)
-        if model not in (cfg.served_model_name, cfg.model):
-            self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        got = self._read_request(body, chat)
+        if got is None:
             return
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                self._error(400, "messages: Field required", "BadRequestError")
-                return
-            text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-        else:
-            prompt = body.get("prompt")
-            if prompt is None:
-                self._error(400, "prompt: Field required", "BadRequestError")
-                return
-            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-        prompt_tokens = max(1, len(text.split()) + (8 if chat else 1))
-        try:
-            max_tokens = int(
-                body.get("max_tokens") or body.get("max_completion_tokens") or (64 if chat else 16)
-            )
-        except (TypeError, ValueError):
-            self._error(400, "max_tokens: Input should be a valid integer", "BadRequestError")
-            return
-        if max_tokens < 1 or prompt_tokens + max_tokens > cfg.max_model_len:
-            self._error(
-                400,
-                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion).",
-                "BadRequestError",
-            )
-            return
+        model, prompt_tokens, max_tokens = got
         req = api.submit(prompt_tokens, max_tokens, "chatcmpl" if chat else "cmpl")
         if req is None:
             self._error(500, ENGINE_DEAD_MSG, "InternalServerError")
@@ -716,48 +514,51 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pieces.append(_token_text(item[1]))
             if item[2]:
                 break
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "total_tokens": prompt_tokens + len(pieces),
-            "completion_tokens": len(pieces),
-            "prompt_tokens_details": None,
-        }
+        text = "".join(pieces)
+        self._json(200, _completion_body(req.rid, chat, created, name, text, prompt_tokens, len(pieces)))
+
+    def _read_request(self, body: dict[str, Any], chat: bool) -> tuple[str, int, int] | None:
+        """(model, prompt tokens, max tokens) of a request body, or None after answering 404
+        (unknown model) or 400 (missing field, bad max_tokens, too long for max_model_len)."""
+        cfg = self.api.cfg
+        extra = set(body) - _REQUEST_FIELDS
+        if extra:  # vLLM's OpenAIBaseModel.__log_extra_fields__ (WARNING up to ~0.11, DEBUG later)
+            vlog.warning(
+                "protocol.py:51", f"The following fields were present in the request but ignored: {extra}"
+            )
+        model = body.get("model", cfg.served_model_name)
+        if model not in (cfg.served_model_name, cfg.model):
+            self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return None
         if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": "".join(pieces),
-                    "refusal": None,
-                    "tool_calls": [],
-                    "reasoning_content": None,
-                },
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                self._error(400, "messages: Field required", "BadRequestError")
+                return None
+            text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
         else:
-            choice = {
-                "index": 0,
-                "text": "".join(pieces),
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-            obj = "text_completion"
-        self._json(
-            200,
-            {
-                "id": req.rid,
-                "object": obj,
-                "created": created,
-                "model": name,
-                "choices": [choice],
-                "usage": usage,
-            },
-        )
+            prompt = body.get("prompt")
+            if prompt is None:
+                self._error(400, "prompt: Field required", "BadRequestError")
+                return None
+            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+        prompt_tokens = max(1, len(text.split()) + (8 if chat else 1))
+        try:
+            max_tokens = int(
+                body.get("max_tokens") or body.get("max_completion_tokens") or (64 if chat else 16)
+            )
+        except (TypeError, ValueError):
+            self._error(400, "max_tokens: Input should be a valid integer", "BadRequestError")
+            return None
+        if max_tokens < 1 or prompt_tokens + max_tokens > cfg.max_model_len:
+            self._error(
+                400,
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion).",
+                "BadRequestError",
+            )
+            return None
+        return model, prompt_tokens, max_tokens
 
     def _next(self, req: _Request) -> tuple | None:
         while True:

@@ -29,9 +29,12 @@ import os
 import re
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpu_serve.sim.faults import FaultSpecError, active, env_seconds, parse_faults, prefix_style, time_scale
+
+if TYPE_CHECKING:
+    from xpu_serve.sim.common import SimConfig
 
 USAGE = 2
 
@@ -113,6 +116,10 @@ def _fail(msg: str) -> int:
     return USAGE
 
 
+class _BadInput(Exception):
+    """A bad flag or environment value: the one line main prints before exiting USAGE."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the simulator; returns the exit code (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -123,83 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv[1:])
     except SystemExit as e:  # argparse printed its own one-line error (and usage)
         return int(e.code or 0) and USAGE
-    model = args.model_tag or args.model
-    if args.model and args.model_tag and args.model_tag != args.model:
-        # `--model X --unknown-flag value`: argparse took the unknown flag's value as MODEL.
-        model = args.model
-        extra.append(args.model_tag)
-        args.model_tag = None
-    if not model:
-        return _fail("vllm serve: error: no model given (positional MODEL or --model)")
-    tp = args.tensor_parallel_size
-    if tp < 1:
-        return _fail(f"--tensor-parallel-size: must be >= 1, got {tp}")
-    if not 0 <= args.port <= 65535:
-        return _fail(f"--port: must be 0..65535, got {args.port}")
-    bad = _multinode_problem(args, tp)
-    if bad:
-        return _fail(bad)
     try:
-        scale = time_scale()
-        faults = parse_faults(os.environ.get("XPU_SERVE_SIM_FAULTS", ""), tp)
-        exec_timeout = env_seconds("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0)
-        ring = env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0)
-        stats = env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0)
-        rate = env_seconds("XPU_SERVE_SIM_TOKEN_RATE", 50.0)
-        style = prefix_style()
-    except FaultSpecError as e:
-        if "XPU_SERVE_SIM" in str(e) or "VLLM_" in str(e):
-            return _fail(str(e))
-        return _fail(f"XPU_SERVE_SIM_FAULTS: {e}")
-
-    dist_tag = os.environ.get("XPU_SERVE_SIM_DIST_TAG") or uuid.uuid4().hex
-    # hex only: the workers derive the init port from its first hex digits (worker.py, dist-init)
-    if not re.fullmatch(r"[0-9A-Fa-f]{1,64}", dist_tag):
-        return _fail(f"XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got {dist_tag!r}")
-    shm_prefix = os.environ.get("XPU_SERVE_SIM_SHM_PREFIX", "")
-    if shm_prefix and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shm_prefix):
-        return _fail(f"XPU_SERVE_SIM_SHM_PREFIX: letters, digits, '_', '.', '-' only (1-64), got {shm_prefix!r}")
-
-    non_default: dict[str, Any] = {}
-    if args.model_tag:
-        non_default["model_tag"] = args.model_tag
-    for key, val in vars(args).items():
-        if key == "model_tag" or val is None:
-            continue
-        if parser.get_default(key) != val:
-            non_default[key] = val
-    non_default.setdefault("model", model)
-    non_default.update(_unknown_to_dict(extra))
-
-    from xpu_serve.sim.common import SimConfig, getenv_incarnation
-
-    cfg = SimConfig(
-        model=model,
-        served_model_name=(args.served_model_name or [model])[0],
-        tensor_parallel_size=tp,
-        host=args.host,
-        port=args.port,
-        max_model_len=args.max_model_len or 4096,
-        dtype="float16" if args.dtype in ("auto", "half") else args.dtype,
-        block_size=args.block_size or 64,
-        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
-        disable_log_stats=bool(args.disable_log_stats),
-        non_default_args=non_default,
-        time_scale=scale,
-        token_rate=rate,
-        stats_interval=stats,
-        ring_warning_interval=ring,
-        execute_model_timeout=exec_timeout,
-        faults=active(faults, getenv_incarnation()),
-        dist_tag=dist_tag,
-        shm_prefix=shm_prefix,
-        prefix_style=style,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        headless=bool(args.headless),
-    )
+        cfg = _config(parser, args, extra)
+    except _BadInput as e:
+        return _fail(str(e))
     if cfg.headless:
         from xpu_serve.sim.headless import run_headless
 
@@ -211,3 +145,106 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no multiprocessing atexit join: the children are already handled
+
+
+def _model(args: argparse.Namespace, extra: list[str]) -> str:
+    """The model (positional MODEL or --model); fixes `args`/`extra` when argparse took an
+    unknown flag's value as MODEL. Raises _BadInput."""
+    model = args.model_tag or args.model
+    if args.model and args.model_tag and args.model_tag != args.model:
+        # `--model X --unknown-flag value`: argparse took the unknown flag's value as MODEL.
+        model = args.model
+        extra.append(args.model_tag)
+        args.model_tag = None
+    if not model:
+        raise _BadInput("vllm serve: error: no model given (positional MODEL or --model)")
+    return str(model)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Raises _BadInput for a TP size < 1, a port outside 0..65535 or a bad multi-node set."""
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        raise _BadInput(f"--tensor-parallel-size: must be >= 1, got {tp}")
+    if not 0 <= args.port <= 65535:
+        raise _BadInput(f"--port: must be 0..65535, got {args.port}")
+    bad = _multinode_problem(args, tp)
+    if bad:
+        raise _BadInput(bad)
+
+
+def _env_settings(tp: int) -> dict[str, Any]:
+    """The simulator's environment (see the module docstring) as SimConfig fields, faults not
+    yet filtered by incarnation. Raises _BadInput naming the variable."""
+    try:
+        settings: dict[str, Any] = {
+            "time_scale": time_scale(),
+            "faults": parse_faults(os.environ.get("XPU_SERVE_SIM_FAULTS", ""), tp),
+            "execute_model_timeout": env_seconds("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
+            "ring_warning_interval": env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0),
+            "stats_interval": env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
+            "token_rate": env_seconds("XPU_SERVE_SIM_TOKEN_RATE", 50.0),
+            "prefix_style": prefix_style(),
+        }
+    except FaultSpecError as e:
+        if "XPU_SERVE_SIM" in str(e) or "VLLM_" in str(e):
+            raise _BadInput(str(e)) from None
+        raise _BadInput(f"XPU_SERVE_SIM_FAULTS: {e}") from None
+    dist_tag = os.environ.get("XPU_SERVE_SIM_DIST_TAG") or uuid.uuid4().hex
+    # hex only: the workers derive the init port from its first hex digits (worker.py, dist-init)
+    if not re.fullmatch(r"[0-9A-Fa-f]{1,64}", dist_tag):
+        raise _BadInput(f"XPU_SERVE_SIM_DIST_TAG: hex digits only (1-64), got {dist_tag!r}")
+    shm_prefix = os.environ.get("XPU_SERVE_SIM_SHM_PREFIX", "")
+    if shm_prefix and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shm_prefix):
+        raise _BadInput(
+            f"XPU_SERVE_SIM_SHM_PREFIX: letters, digits, '_', '.', '-' only (1-64), got {shm_prefix!r}"
+        )
+    settings.update(dist_tag=dist_tag, shm_prefix=shm_prefix)
+    return settings
+
+
+def _non_default(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, model: str, extra: list[str]
+) -> dict[str, Any]:
+    """vLLM's ``non-default args: {...}`` (vllm/entrypoints/utils.py log_non_default_args):
+    the flags that differ from their defaults, then the unknown ones."""
+    non_default: dict[str, Any] = {}
+    if args.model_tag:
+        non_default["model_tag"] = args.model_tag
+    for key, val in vars(args).items():
+        if key == "model_tag" or val is None:
+            continue
+        if parser.get_default(key) != val:
+            non_default[key] = val
+    non_default.setdefault("model", model)
+    non_default.update(_unknown_to_dict(extra))
+    return non_default
+
+
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> SimConfig:
+    """The run's SimConfig from the flags and the environment. Raises _BadInput."""
+    from xpu_serve.sim.common import SimConfig, getenv_incarnation
+
+    model = _model(args, extra)
+    _check_args(args)
+    env = _env_settings(args.tensor_parallel_size)
+    env["faults"] = active(env["faults"], getenv_incarnation())
+    return SimConfig(
+        model=model,
+        served_model_name=(args.served_model_name or [model])[0],
+        tensor_parallel_size=args.tensor_parallel_size,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len or 4096,
+        dtype="float16" if args.dtype in ("auto", "half") else args.dtype,
+        block_size=args.block_size or 64,
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
+        disable_log_stats=bool(args.disable_log_stats),
+        non_default_args=_non_default(parser, args, model, extra),
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        headless=bool(args.headless),
+        **env,
+    )

@@ -1,12 +1,10 @@
 """The simulated ``VLLM::EngineCore`` process (vllm/v1/engine/core.py ``EngineCoreProc`` with the
 ``MultiprocExecutor`` of vllm/v1/executor/multiproc_executor.py).
 
-It spawns the workers, coordinates their start-up, then runs the busy loop: every step sends
-``step`` to each worker and waits for every answer (vLLM: shm_broadcast MessageQueue), printing
-``No available shared memory broadcast block found in N seconds`` every
-VLLM_RINGBUFFER_WARNING_INTERVAL and failing with ``RPC call to execute_model timed out`` after
-VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (both scaled). A worker death is seen by a monitor thread on
-the process sentinels (``Worker proc VllmWorker-R died unexpectedly``).
+Its executor (sim.executor) spawns the workers and coordinates their start-up; then the busy
+loop reads the API server's requests and runs one step at a time while any is running: every step
+goes to each worker and waits for every answer (sim.shm_broadcast), one token per running request
+(sim.scheduler). Failures print vLLM's tracebacks (sim.core_crash) and end the process (exit 1).
 
 Protocol with the API server (one duplex pipe): in ``add``/``abort``/``serving``; out ``ready``,
 ``out`` (tokens and scheduler stats per step) and ``dead``.
@@ -15,39 +13,22 @@ Protocol with the API server (one duplex pipe): in ``add``/``abort``/``serving``
 from __future__ import annotations
 
 import faulthandler
-import multiprocessing
 import os
 import queue
-import secrets
 import signal
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import Connection
 from typing import Any
 
-from xpu_serve.sim import kernel, multinode, proctitle, vlog
-from xpu_serve.sim.common import SimConfig, pci_address
-from xpu_serve.sim.worker import worker_main
+from xpu_serve.sim import core_crash, dist_files, proctitle, scheduler, vlog
+from xpu_serve.sim.common import SimConfig
+from xpu_serve.sim.core_crash import Fatal
+from xpu_serve.sim.executor import MultiprocExecutor
 
 ENGINE_NAME = "EngineCore_DP0"
 """The EngineCore's name with the default (vLLM 0.14) prefixes; see SimConfig.engine_name."""
-
-
-# The first frames of an EngineCore start-up traceback (vllm/v1/engine/core.py run_engine_core ->
-# EngineCoreProc.__init__), shared by every start-up failure it prints.
-_CORE_INIT_FRAMES = [
-    ("vllm/v1/engine/core.py", 927, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
-    ("vllm/v1/engine/core.py", 692, "__init__", "super().__init__("),
-]
-
-
-class _Fatal(Exception):
-    def __init__(self, kind: str, in_step: bool):
-        super().__init__(kind)
-        self.kind = kind
-        self.in_step = in_step
 
 
 def run_engine_core(cfg: SimConfig, api: Connection) -> None:
@@ -56,26 +37,18 @@ def run_engine_core(cfg: SimConfig, api: Connection) -> None:
 
 
 class EngineCore:
-    """EngineCoreProc + MultiprocExecutor. See the module docstring."""
+    """EngineCoreProc. See the module docstring."""
 
     def __init__(self, cfg: SimConfig, api: Connection):
         self.cfg = cfg
         self.api = api
         self.api_lock = threading.Lock()
         self.inputs: queue.Queue[tuple] = queue.Queue()
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Any] = []  # by TP rank: a Connection (local) or multinode.JsonConn (remote)
-        self.remote: dict[int, multinode.JsonConn] = {}  # TP rank -> its follower worker's link
-        self.deaths: list[Connection] = []
-        self.shutting_down = False
-        self.failed = threading.Event()
-        self.dead_rank: int | None = None
+        self.executor = MultiprocExecutor(cfg)
         self.requests: dict[str, list[Any]] = {}  # rid -> [prompt_tokens, max_tokens, generated]
         self.step_no = 0
         self.shm: Any = None
         self.dist_fd: int | None = None
-        self.fail_text = ""
-        self.reset_thread: threading.Thread | None = None
 
     # -- helpers -----------------------------------------------------------------------------
     def _send_api(self, msg: tuple) -> None:
@@ -116,21 +89,26 @@ class EngineCore:
             )
         self._make_dist_files()
         t0 = time.monotonic()
-        self._start_workers()
+        self.executor.start_workers()
         threading.Thread(target=self._read_api, name="EngineCoreInput", daemon=True).start()
         try:
-            self._startup()
-        except _Fatal as e:
+            self.executor.wait_for_ready(self._on_phase)
+        except Fatal as e:
             self._startup_failed(e.kind)
         vlog.info(
             "core.py:281",
             f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - t0:.2f} seconds",
         )
-        threading.Thread(target=self._monitor_workers, name="MultiprocWorkerMonitor", daemon=True).start()
+        threading.Thread(
+            target=self.executor.monitor,
+            args=(lambda: self.inputs.put(("executor-failed",)),),
+            name="MultiprocWorkerMonitor",
+            daemon=True,
+        ).start()
         self._send_api(("ready", {"kv_cache_tokens": self.cfg.kv_cache_tokens}))
         try:
             self.run_busy_loop()
-        except _Fatal as e:
+        except Fatal as e:
             self._fatal(e.kind, e.in_step)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
@@ -138,88 +116,13 @@ class EngineCore:
         os._exit(0)
 
     def _make_dist_files(self) -> None:
-        """/tmp/vllm_dist_<hex> (vLLM's distributed init file) and a MessageQueue buffer in
-        /dev/shm registered with the resource tracker: both outlive a crash as in real vLLM.
+        """The leftovers of a real run (sim.dist_files): the init file and the MessageQueue buffer."""
+        self.dist_fd, self.shm = dist_files.make_dist_files(self.cfg)
 
-        The init file's descriptor stays open for the process's life. Real vLLM's c10d
-        FileStore opens it only for moments, and there the supervisor proves it ours by the
-        `distributed_init_method=file://...` log line or by the id in the mapped cpushm names.
-        The simulator logs a tcp:// init method (XPU), so this open descriptor is what lets the
-        supervisor prove the file ours before any worker has mapped its segment.
-
-        The buffer is `psm_<8 hex>` (Python's default name, as vLLM's ShmRingBuffer:
-        vllm/distributed/device_communicators/shm_broadcast.py), or `<shm_prefix><8 hex>` when
-        XPU_SERVE_SIM_SHM_PREFIX is set, so that a test can tell its own leftovers from others'."""
-        try:
-            self.dist_fd = os.open(f"/tmp/vllm_dist_{self.cfg.dist_tag}", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            self.dist_fd = None
-        try:
-            from multiprocessing import shared_memory
-
-            name = self.cfg.shm_prefix + secrets.token_hex(4) if self.cfg.shm_prefix else None
-            self.shm = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
-        except (OSError, ValueError):
-            self.shm = None
-
-    def _start_workers(self) -> None:
-        """Spawn the local workers; with `--nnodes`, listen on the master port first and wait for
-        every follower worker to connect (the rendezvous: blocks while a node is missing)."""
-        ctx = multiprocessing.get_context("spawn")
-        listener = None
-        if self.cfg.nnodes > 1:
-            listener = multinode.listen(self.cfg.master_addr, self.cfg.master_port)
-        for r in self.cfg.local_ranks:
-            mine, theirs = ctx.Pipe(duplex=True)
-            death_r, death_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=worker_main, args=(self.cfg, r, theirs, death_r), name=f"VllmWorker-{r}", daemon=True
-            )
-            p.start()
-            theirs.close()
-            death_r.close()
-            self.procs.append(p)
-            self.conns.append(mine)
-            self.deaths.append(death_w)
-        if listener is not None:
-            remote = [r for r in range(self.cfg.tensor_parallel_size) if r not in self.cfg.local_ranks]
-            self.remote = multinode.accept_ranks(listener, remote)
-            listener.close()
-            self.conns += [self.remote[r] for r in remote]
-
-    def _startup(self) -> None:
-        tp = self.cfg.tensor_parallel_size
-        reached: dict[str, set[int]] = {}
-        ready: set[int] = set()
-        conn_rank = {id(c): r for r, c in enumerate(self.conns)}
-        sentinel_rank = {p.sentinel: r for r, p in enumerate(self.procs)}
-        live: list[Any] = list(self.conns) + list(sentinel_rank)
-        while len(ready) < tp:
-            for obj in wait(live):
-                if isinstance(obj, int):
-                    r = sentinel_rank[obj]
-                    self.dead_rank = r
-                    raise _Fatal("startup-died", False)
-                r = conn_rank[id(obj)]
-                try:
-                    msg: Any = obj.recv()  # type: ignore[union-attr,call-arg]
-                except (EOFError, OSError):
-                    live.remove(obj)
-                    continue
-                if msg[0] == "reached":
-                    got = reached.setdefault(msg[1], set())
-                    got.add(r)
-                    if len(got) == tp:
-                        if msg[1] == "kv-cache":
-                            self._kv_cache_lines()
-                        for c in self.conns:
-                            c.send(("go", msg[1]))
-                elif msg[0] == "ready":
-                    ready.add(r)
-                elif msg[0] == "failed":
-                    self.dead_rank = r
-                    self.fail_text = msg[1]
-                    raise _Fatal("startup-rpc" if msg[2] == "kv-cache" else "startup-died", False)
+    def _on_phase(self, phase: str) -> None:
+        """Every rank reached `phase`: after the profile run, the KV cache lines."""
+        if phase == "kv-cache":
+            self._kv_cache_lines()
 
     def _kv_cache_lines(self) -> None:
         c = self.cfg
@@ -230,111 +133,25 @@ class EngineCore:
         )
 
     def _startup_failed(self, kind: str) -> None:
-        if kind == "startup-rpc":
-            frames = [
-                *_CORE_INIT_FRAMES,
-                (
-                    "vllm/v1/engine/core.py",
-                    113,
-                    "__init__",
-                    "num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(",
-                ),
-                (
-                    "vllm/v1/engine/core.py",
-                    229,
-                    "_initialize_kv_caches",
-                    "available_gpu_memory = self.model_executor.determine_available_memory()",
-                ),
-                (
-                    "vllm/v1/executor/abstract.py",
-                    126,
-                    "determine_available_memory",
-                    'return self.collective_rpc("determine_available_memory")',
-                ),
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    358,
-                    "collective_rpc",
-                    "return aggregate(get_response())",
-                ),
-                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError("),
-            ]
-            exc = (
-                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
-                "trace above for the root cause"
-            )
-        else:
-            if self.dead_rank is not None and self.procs[self.dead_rank].exitcode is not None:
-                vlog.error(
-                    "multiproc_executor.py:231",
-                    f"Worker proc VllmWorker-{self.dead_rank} died unexpectedly, shutting down executor.",
-                )
-            frames = [
-                *_CORE_INIT_FRAMES,
-                (
-                    "vllm/v1/engine/core.py",
-                    105,
-                    "__init__",
-                    "self.model_executor = executor_class(vllm_config)",
-                ),
-                ("vllm/v1/executor/abstract.py", 101, "__init__", "self._init_executor()"),
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    174,
-                    "_init_executor",
-                    "self.workers = WorkerProc.wait_for_ready(unready_workers)",
-                ),
-                ("vllm/v1/executor/multiproc_executor.py", 660, "wait_for_ready", "raise e from None"),
-            ]
-            exc = (
-                "Exception: WorkerProc initialization failed due to an exception in a background process. "
-                "See stack trace for root cause."
+        """``EngineCore failed to start.`` (core.py run_engine_core), the workers stopped, the
+        process traceback, exit 1."""
+        ex = self.executor
+        frames, exc = core_crash.startup_traceback(kind, ex.fail_text)
+        if kind != "startup-rpc" and ex.dead_rank is not None and ex.procs[ex.dead_rank].exitcode is not None:
+            vlog.error(
+                "multiproc_executor.py:231",
+                f"Worker proc VllmWorker-{ex.dead_rank} died unexpectedly, shutting down executor.",
             )
         vlog.error("core.py:936", "EngineCore failed to start.\n" + vlog.traceback_text(frames, exc))
         self.shutdown(clean=False)
-        self._process_traceback(frames[:1], exc)
+        core_crash.process_traceback(self.cfg.engine_name, frames[:1], exc)
         sys.stdout.flush()
         os._exit(1)
 
-    def _process_traceback(self, frames: list[tuple[str, int, str, str]], exc: str) -> None:
-        """What multiprocessing prints when the process target raises (BaseProcess._bootstrap)."""
-        head = [
-            ("py:multiprocessing/process.py", 314, "_bootstrap", "self.run()"),
-            ("py:multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
-            ("vllm/v1/engine/core.py", 940, "run_engine_core", "raise e"),
-        ]
-        sys.stderr.write(
-            f"Process {self.cfg.engine_name}:\n" + vlog.traceback_text(head + frames, exc) + "\n"
-        )
-        sys.stderr.flush()
-
     def shutdown(self, clean: bool) -> None:
-        """Stop the workers: close their death pipes, SIGTERM, then SIGKILL after a grace period
-        (vLLM MultiprocExecutor.shutdown / _ensure_worker_termination)."""
-        self.shutting_down = True
-        for p in self.procs:
-            if p.is_alive() and p.pid:
-                try:
-                    os.kill(p.pid, signal.SIGTERM)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + self.cfg.scaled(4.0, floor=0.5)
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for d in self.deaths:
-            try:
-                d.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            if p.is_alive() and p.pid:
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                p.join(1.0)
-        for link in self.remote.values():
-            link.close()
+        """Stop the workers (MultiprocExecutor.shutdown); `clean` (SIGTERM): also remove the
+        MessageQueue buffer, which a failure leaves to the resource tracker."""
+        self.executor.shutdown()
         if clean and self.shm is not None:
             try:
                 self.shm.close()
@@ -348,11 +165,7 @@ class EngineCore:
             while True:
                 msg = self.api.recv()
                 if msg[0] == "serving":
-                    for c in self.conns:
-                        try:
-                            c.send(("serving",))
-                        except OSError:
-                            pass
+                    self.executor.broadcast(("serving",))
                     for f in self.cfg.faults_of("engine-crash"):
                         threading.Timer(
                             self.cfg.scaled(f.after or 0.0), self._crash, (f.signal or "SEGV",)
@@ -362,57 +175,16 @@ class EngineCore:
         except (EOFError, OSError):
             pass
         # The API server is gone (vLLM: the engine's parent-death check).
-        if self.cfg.orphans or self.shutting_down:
+        if self.cfg.orphans or self.executor.shutting_down:
             return
-        for d in self.deaths:  # the workers see their parent go first
-            try:
-                d.close()
-            except OSError:
-                pass
-        deadline = time.monotonic() + self.cfg.scaled(1.0, floor=0.3)
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        self.executor.close_death_pipes()  # the workers see their parent go first
+        self.executor.join(self.cfg.scaled(1.0, floor=0.3))
         self.shutdown(clean=False)
         os._exit(0)
 
     def _crash(self, sig: str) -> None:
         sys.stdout.flush()
         os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
-
-    def _monitor_workers(self) -> None:
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        ready = wait(list(sentinels))
-        if self.shutting_down:
-            return
-        r = sentinels[ready[0]]  # type: ignore[index]
-        self.dead_rank = r
-        vlog.error(
-            "multiproc_executor.py:231",
-            f"Worker proc VllmWorker-{r} died unexpectedly, shutting down executor.",
-        )
-        for f in self.cfg.faults_of("worker-segv", r):
-            if f.kernel:
-                self.reset_thread = threading.Thread(
-                    target=self._engine_resets, args=(f.kernel,), daemon=True
-                )
-                self.reset_thread.start()
-        # Executor shutdown: tell the surviving ranks a peer died, then close their death pipes.
-        self.shutting_down = True
-        for i, d in enumerate(self.deaths):
-            try:
-                if i != r:
-                    d.send(("peer-died", r))
-                d.close()
-            except OSError:
-                pass
-        self.failed.set()
-        self.inputs.put(("executor-failed",))
-
-    def _engine_resets(self, path: str) -> None:
-        """After the user-mode driver died, the xe driver resets each card's copy engine (BCS)."""
-        for dev in range(self.cfg.tensor_parallel_size):
-            time.sleep(self.cfg.scaled(1.2))
-            kernel.write_records(path, [kernel.engine_reset_record(pci_address(dev), 54 - 7 * dev)])
 
     def run_busy_loop(self) -> None:
         while True:
@@ -438,244 +210,33 @@ class EngineCore:
         elif msg[0] == "executor-failed":
             # With requests in flight the step waiting on the dead worker is cancelled (the shape of
             # every real log with traffic); idle, the input queue reports the executor failure.
-            raise _Fatal("cancelled", True) if self.requests else _Fatal("executor-failed", False)
+            raise Fatal("cancelled", True) if self.requests else Fatal("executor-failed", False)
 
     def step(self) -> None:
         """One engine step: every worker runs the forward pass; one token per running request."""
         self.step_no += 1
         n = self.step_no
-        for r, peer in self.remote.items():
-            if peer.closed_by_peer():  # the follower went away while the engine was idle
-                self._peer_failed(n, r, reset=False)
-        for c in self.conns:
-            try:
-                c.send(("step", n, len(self.requests)))
-            except OSError:
-                pass
-        pending = set(range(len(self.conns)))
-        live = {id(c): r for r, c in enumerate(self.conns)}
-        t0 = time.monotonic()
-        warn_every = self.cfg.scaled(self.cfg.ring_warning_interval)
-        next_warn = t0 + warn_every
-        deadline = t0 + self.cfg.scaled(self.cfg.execute_model_timeout)
-        while pending:
-            if self.failed.is_set():
-                raise _Fatal("cancelled", True)
-            now = time.monotonic()
-            if now >= deadline:
-                raise _Fatal("timeout", True)
-            if now >= next_warn:
-                iv = self.cfg.ring_warning_interval
-                vlog.info(
-                    "shm_broadcast.py:542",
-                    f"No available shared memory broadcast block found in {int(iv) if iv == int(iv) else iv} "
-                    "seconds. This typically happens when some processes are hanging or doing some "
-                    "time-consuming work (e.g. compilation, weight/kv cache quantization).",
-                )
-                next_warn += warn_every
-            conns = [c for c in self.conns if id(c) in live and live[id(c)] in pending]
-            timeout = max(0.0, min(0.05, next_warn - now, deadline - now))
-            for obj in wait(conns, timeout=timeout) if conns else []:
-                link: Any = obj
-                try:
-                    msg = link.recv()
-                except (EOFError, OSError):
-                    gone = live.pop(id(link), -1)
-                    if gone in self.remote:  # the follower died inside this step
-                        self._peer_failed(n, gone, reset=True)
-                    continue
-                if msg[0] == "out" and msg[1] == n:
-                    pending.discard(msg[2])
-                elif msg[0] == "err" and msg[1] == n:
-                    # a worker raised in the forward pass (vLLM: a FAILURE response on the
-                    # worker's response queue; get_response raises "Worker failed with error")
-                    self.dead_rank = msg[2]
-                    self.fail_text = msg[3]
-                    raise _Fatal("worker-error", True)
-            if not conns:
-                time.sleep(timeout)
-        outs = []
-        prompt_new = 0
-        for rid, req in list(self.requests.items()):
-            if req[2] == 0:
-                prompt_new += req[0]
-            req[2] += 1
-            finished = req[2] >= req[1]
-            outs.append((rid, req[2] - 1, finished))
-            if finished:
-                del self.requests[rid]
-        in_kv = sum(r[0] + r[2] for r in self.requests.values())
-        stats = {
-            "running": len(self.requests),
-            "waiting": 0,
-            "kv_usage": min(1.0, in_kv / max(1, self.cfg.kv_cache_tokens)),
-            "prompt_tokens": prompt_new,
-            "generation_tokens": len(outs),
-        }
+        self.executor.execute_model(n, len(self.requests))
+        outs, stats = scheduler.advance(self.requests, self.cfg.kv_cache_tokens)
         self._send_api(("out", outs, stats))
 
-    def _peer_failed(self, step: int, rank: int, reset: bool) -> None:
-        """A remote rank's link is gone: TP rank 0's collective with it fails (gloo), rank 0
-        answers the step with the error, and the engine fails like on any worker error. Raises
-        _Fatal("worker-error")."""
-        text = multinode.gloo_error(self.remote[rank].peer, reset)
-        self.fail_text = text
-        self.dead_rank = 0
-        try:
-            self.conns[0].send(("peer-lost", step, text))
-            deadline = time.monotonic() + self.cfg.scaled(5.0, floor=1.0)
-            while self.conns[0].poll(max(0.0, deadline - time.monotonic())):
-                msg = self.conns[0].recv()
-                if msg[0] == "err" and msg[1] == step:
-                    break
-        except (EOFError, OSError):
-            pass
-        raise _Fatal("worker-error", True)
-
     def _fatal(self, kind: str, in_step: bool) -> None:
+        """``EngineCore encountered a fatal error.`` (core.py run_engine_core), ``dead`` to the
+        API server, the executor shut down, the process traceback, exit 1."""
         if in_step:
-            vlog.error("dump_input.py:72", "Dumping input data for " + self._config_text())
-            ids = list(self.requests)
-            vlog.error(
-                "dump_input.py:79",
-                "Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[], "
-                f"scheduled_cached_reqs=CachedRequestData(req_ids={ids!r},resumed_req_ids=set(),new_token_ids_lens=[],"
-                f"all_token_ids_lens={{}},new_block_ids={[None] * len(ids)!r},"
-                f"num_computed_tokens={[r[0] + r[2] for r in self.requests.values()]!r},"
-                f"num_output_tokens={[r[2] for r in self.requests.values()]!r}), "
-                f"total_num_scheduled_tokens={len(ids)}, scheduled_spec_decode_tokens={{}}, finished_req_ids=[])",
-            )
-            in_kv = sum(r[0] + r[2] for r in self.requests.values())
-            vlog.error(
-                "dump_input.py:81",
-                f"Dumping scheduler stats: SchedulerStats(num_running_reqs={len(ids)}, num_waiting_reqs=0, "
-                f"step_counter=0, current_wave=0, kv_cache_usage={in_kv / max(1, self.cfg.kv_cache_tokens)}, "
-                "prefix_cache_stats=PrefixCacheStats(reset=False, requests=0, queries=0, hits=0, "
-                "preempted_requests=0, preempted_queries=0, preempted_hits=0), spec_decoding_stats=None, "
-                "kv_connector_stats=None, cudagraph_stats=None, perf_stats=None)",
-            )
-        busy = [
-            ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
-            ("vllm/v1/engine/core.py", 956, "run_busy_loop", "self._process_engine_step()"),
-            (
-                "vllm/v1/engine/core.py",
-                989,
-                "_process_engine_step",
-                "outputs, model_executed = self.step_fn()",
-            ),
-            ("vllm/v1/engine/core.py", 388, "step", "model_output = future.result()"),
-            ("vllm/v1/executor/multiproc_executor.py", 80, "result", "return super().result()"),
-            ("py:concurrent/futures/_base.py", 449, "result", "return self.__get_result()"),
-            ("py:concurrent/futures/_base.py", 401, "__get_result", "raise self._exception"),
-            (
-                "vllm/v1/executor/multiproc_executor.py",
-                84,
-                "wait_for_response",
-                "response = self.aggregate(get_response())",
-            ),
-        ]
-        if kind == "timeout":
-            inner = vlog.traceback_text(
-                [
-                    (
-                        "vllm/v1/executor/multiproc_executor.py",
-                        336,
-                        "get_response",
-                        "status, result = mq.dequeue(",
-                    ),
-                    (
-                        "vllm/distributed/device_communicators/shm_broadcast.py",
-                        616,
-                        "dequeue",
-                        "with self.acquire_read(timeout, cancel, indefinite) as buf:",
-                    ),
-                    ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
-                    (
-                        "vllm/distributed/device_communicators/shm_broadcast.py",
-                        536,
-                        "acquire_read",
-                        "raise TimeoutError",
-                    ),
-                ],
-                "TimeoutError",
-            )
-            frames = busy + [
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    340,
-                    "get_response",
-                    'raise TimeoutError(f"RPC call to {method} timed out.") from e',
-                )
-            ]
-            exc = "TimeoutError: RPC call to execute_model timed out."
-            tb = (
-                inner
-                + "\n\nThe above exception was the direct cause of the following exception:\n\n"
-                + vlog.traceback_text(frames, exc, caret=True)
-            )
-        elif kind == "worker-error":
-            frames = busy + [
-                ("vllm/v1/executor/multiproc_executor.py", 342, "get_response", "raise RuntimeError(")
-            ]
-            exc = (
-                f"RuntimeError: Worker failed with error '{self.fail_text}', please check the stack "
-                "trace above for the root cause"
-            )
-            tb = vlog.traceback_text(frames, exc)
-        elif kind == "cancelled":
-            frames = busy + [
-                (
-                    "vllm/v1/executor/multiproc_executor.py",
-                    336,
-                    "get_response",
-                    "status, result = mq.dequeue(timeout=dequeue_timeout)",
-                ),
-                (
-                    "vllm/distributed/device_communicators/shm_broadcast.py",
-                    616,
-                    "dequeue",
-                    "with self.acquire_read(timeout, cancel, indefinite) as buf:",
-                ),
-                ("py:contextlib.py", 137, "__enter__", "return next(self.gen)"),
-                (
-                    "vllm/distributed/device_communicators/shm_broadcast.py",
-                    530,
-                    "acquire_read",
-                    'raise RuntimeError("cancelled")',
-                ),
-            ]
-            exc = "RuntimeError: cancelled"
-            tb = vlog.traceback_text(frames, exc, caret=True)
-        else:  # executor failed while idle
-            frames = [
-                ("vllm/v1/engine/core.py", 929, "run_engine_core", "engine_core.run_busy_loop()"),
-                ("vllm/v1/engine/core.py", 954, "run_busy_loop", "self._process_input_queue()"),
-                ("vllm/v1/engine/core.py", 981, "_process_input_queue", "self._handle_client_request(*req)"),
-                (
-                    "vllm/v1/engine/core.py",
-                    1014,
-                    "_handle_client_request",
-                    'raise RuntimeError("Executor failed.")',
-                ),
-            ]
-            exc = "RuntimeError: Executor failed."
-            tb = vlog.traceback_text(frames, exc)
+            core_crash.dump_input(self._config_text(), self.requests, self.cfg.kv_cache_tokens)
+        ex = self.executor
+        frames, exc, tb = core_crash.fatal_traceback(kind, ex.fail_text)
         vlog.error("core.py:938", "EngineCore encountered a fatal error.\n" + tb)
         self._send_api(("dead",))
-        if not self.shutting_down:
+        if not ex.shutting_down:
             # Executor shutdown after a hang: the workers' death pipes close.
-            self.shutting_down = True
-            for d in self.deaths:
-                try:
-                    d.close()
-                except OSError:
-                    pass
-        deadline = time.monotonic() + self.cfg.scaled(5.0, floor=0.5)
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+            ex.shutting_down = True
+            ex.close_death_pipes()
+        ex.join(self.cfg.scaled(5.0, floor=0.5))
         self.shutdown(clean=False)
-        if self.reset_thread is not None:
-            self.reset_thread.join(self.cfg.scaled(10.0, floor=1.0))
-        self._process_traceback(frames, exc)
+        if ex.reset_thread is not None:
+            ex.reset_thread.join(self.cfg.scaled(10.0, floor=1.0))
+        core_crash.process_traceback(self.cfg.engine_name, frames, exc)
         sys.stdout.flush()
         os._exit(1)

@@ -154,74 +154,93 @@ def parse_faults(spec: str, tensor_parallel_size: int) -> list[Fault]:
     faults: list[Fault] = []
     for raw in spec.split(";"):
         entry = raw.strip()
-        if not entry:
-            continue
-        words = entry.split()
-        kind = words[0]
-        if kind not in _KEYS:
-            raise FaultSpecError(f"{entry!r}: unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
-        allowed = _KEYS[kind] | _COMMON
-        kv: dict[str, str] = {}
-        for w in words[1:]:
-            key, sep, value = w.partition("=")
-            if not sep or not key or not value:
-                raise FaultSpecError(f"{entry!r}: expected key=value, got {w!r}")
-            if key in kv:
-                raise FaultSpecError(f"{entry!r}: {key}= given twice")
-            if key not in allowed:
-                raise FaultSpecError(
-                    f"{entry!r}: {kind} does not take {key}= (it takes: {', '.join(sorted(allowed))})"
-                )
-            kv[key] = value
-        f: dict[str, object] = {"kind": kind, "text": entry}
-        if "incarnation" in kv:
-            f["incarnation"] = _int(entry, "incarnation", kv["incarnation"])
-            if int(f["incarnation"]) < 1:  # type: ignore[call-overload]
-                raise FaultSpecError(
-                    f"{entry!r}: incarnation: must be >= 1 (the first is 1), got {kv['incarnation']!r}"
-                )
-        if "rank" in _KEYS[kind]:
-            rank = _int(entry, "rank", kv.get("rank", "0"))
-            if not 0 <= rank < tensor_parallel_size:
-                raise FaultSpecError(
-                    f"{entry!r}: rank: {rank} is out of range for tensor parallel size {tensor_parallel_size}"
-                )
-            f["rank"] = rank
-        if "after" in kv and "phase" in kv:
-            raise FaultSpecError(f"{entry!r}: give after= or phase=, not both")
-        if "phase" in kv:
-            if kv["phase"] not in WORKER_PHASES:
-                raise FaultSpecError(
-                    f"{entry!r}: phase: unknown phase {kv['phase']!r} (known: {', '.join(WORKER_PHASES)})"
-                )
-            f["phase"] = kv["phase"]
-        elif kind == "startup-hang":
-            raise FaultSpecError(f"{entry!r}: startup-hang needs phase= (one of: {', '.join(WORKER_PHASES)})")
-        elif kind == "device-oom":
-            f["phase"] = "kv-cache"
-        elif kind == "ccl-init-fail":
-            f["phase"] = "ccl-init"
-        elif "after" in _KEYS[kind]:
-            f["after"] = _seconds(entry, "after", kv.get("after", "0"))
-        if kind == "device-oom" and f["phase"] not in ("load", "kv-cache"):
-            raise FaultSpecError(f"{entry!r}: phase: device-oom happens in phase load or kv-cache")
-        if kind == "worker-exit":
-            f["code"] = _int(entry, "code", kv.get("code", "1"))
-            if not 0 <= int(f["code"]) <= 255:  # type: ignore[call-overload]
-                raise FaultSpecError(f"{entry!r}: code: must be 0..255")
-        if kind == "slow-start":
-            if "seconds" not in kv:
-                raise FaultSpecError(f"{entry!r}: slow-start needs seconds=")
-            f["seconds"] = _seconds(entry, "seconds", kv["seconds"])
-        if "signal" in _KEYS[kind]:
-            sig = kv.get("signal", "SEGV").upper().removeprefix("SIG")
-            if sig not in SIGNALS:
-                raise FaultSpecError(f"{entry!r}: signal: one of {', '.join(SIGNALS)}, got {kv['signal']!r}")
-            f["signal"] = sig
-        if "kernel" in kv:
-            f["kernel"] = _kernel_path(entry, kv["kernel"])
-        faults.append(Fault(**f))  # type: ignore[arg-type]
+        if entry:
+            kind, kv = _entry_words(entry)
+            faults.append(Fault(**_entry_fields(entry, kind, kv, tensor_parallel_size)))  # type: ignore[arg-type]
     return faults
+
+
+def _entry_words(entry: str) -> tuple[str, dict[str, str]]:
+    """(kind, {key: value}) of one entry ``KIND key=value ...``; raises FaultSpecError for an
+    unknown kind, a word that is not key=value, a key given twice or not taken by the kind."""
+    words = entry.split()
+    kind = words[0]
+    if kind not in _KEYS:
+        raise FaultSpecError(f"{entry!r}: unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
+    allowed = _KEYS[kind] | _COMMON
+    kv: dict[str, str] = {}
+    for w in words[1:]:
+        key, sep, value = w.partition("=")
+        if not sep or not key or not value:
+            raise FaultSpecError(f"{entry!r}: expected key=value, got {w!r}")
+        if key in kv:
+            raise FaultSpecError(f"{entry!r}: {key}= given twice")
+        if key not in allowed:
+            raise FaultSpecError(
+                f"{entry!r}: {kind} does not take {key}= (it takes: {', '.join(sorted(allowed))})"
+            )
+        kv[key] = value
+    return kind, kv
+
+
+def _entry_fields(entry: str, kind: str, kv: dict[str, str], tensor_parallel_size: int) -> dict[str, object]:
+    """The Fault fields of one entry, defaults filled in; raises FaultSpecError for a bad value."""
+    f: dict[str, object] = {"kind": kind, "text": entry}
+    if "incarnation" in kv:
+        f["incarnation"] = _int(entry, "incarnation", kv["incarnation"])
+        if int(f["incarnation"]) < 1:  # type: ignore[call-overload]
+            raise FaultSpecError(
+                f"{entry!r}: incarnation: must be >= 1 (the first is 1), got {kv['incarnation']!r}"
+            )
+    if "rank" in _KEYS[kind]:
+        rank = _int(entry, "rank", kv.get("rank", "0"))
+        if not 0 <= rank < tensor_parallel_size:
+            raise FaultSpecError(
+                f"{entry!r}: rank: {rank} is out of range for tensor parallel size {tensor_parallel_size}"
+            )
+        f["rank"] = rank
+    f.update(_when(entry, kind, kv))
+    if kind == "worker-exit":
+        f["code"] = _int(entry, "code", kv.get("code", "1"))
+        if not 0 <= int(f["code"]) <= 255:  # type: ignore[call-overload]
+            raise FaultSpecError(f"{entry!r}: code: must be 0..255")
+    if kind == "slow-start":
+        if "seconds" not in kv:
+            raise FaultSpecError(f"{entry!r}: slow-start needs seconds=")
+        f["seconds"] = _seconds(entry, "seconds", kv["seconds"])
+    if "signal" in _KEYS[kind]:
+        sig = kv.get("signal", "SEGV").upper().removeprefix("SIG")
+        if sig not in SIGNALS:
+            raise FaultSpecError(f"{entry!r}: signal: one of {', '.join(SIGNALS)}, got {kv['signal']!r}")
+        f["signal"] = sig
+    if "kernel" in kv:
+        f["kernel"] = _kernel_path(entry, kv["kernel"])
+    return f
+
+
+def _when(entry: str, kind: str, kv: dict[str, str]) -> dict[str, object]:
+    """When the fault fires: {"phase": one of WORKER_PHASES} (start-up) or {"after": seconds}
+    (runtime, from ``Application startup complete.``), with each kind's default."""
+    if "after" in kv and "phase" in kv:
+        raise FaultSpecError(f"{entry!r}: give after= or phase=, not both")
+    f: dict[str, object] = {}
+    if "phase" in kv:
+        if kv["phase"] not in WORKER_PHASES:
+            raise FaultSpecError(
+                f"{entry!r}: phase: unknown phase {kv['phase']!r} (known: {', '.join(WORKER_PHASES)})"
+            )
+        f["phase"] = kv["phase"]
+    elif kind == "startup-hang":
+        raise FaultSpecError(f"{entry!r}: startup-hang needs phase= (one of: {', '.join(WORKER_PHASES)})")
+    elif kind == "device-oom":
+        f["phase"] = "kv-cache"
+    elif kind == "ccl-init-fail":
+        f["phase"] = "ccl-init"
+    elif "after" in _KEYS[kind]:
+        f["after"] = _seconds(entry, "after", kv.get("after", "0"))
+    if kind == "device-oom" and f["phase"] not in ("load", "kv-cache"):
+        raise FaultSpecError(f"{entry!r}: phase: device-oom happens in phase load or kv-cache")
+    return f
 
 
 def active(faults: list[Fault], incarnation: str | None) -> list[Fault]:
