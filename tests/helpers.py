@@ -43,3 +43,13 @@ def kmsg_readable() -> bool:
 def kmsg_write_opted_in() -> bool:
     """True when a test may write to the real /dev/kmsg: XPU_SERVE_TEST_KMSG=1, root, writable."""
     return os.environ.get("XPU_SERVE_TEST_KMSG") == "1" and os.geteuid() == 0 and os.access("/dev/kmsg", os.W_OK)
+
+
+def incident_of(lines: list[str], file: str = "t.log") -> Any:
+    """The real Analyzer's Incident of `lines` read as one file (line numbers from 1)."""
+    from xpu_serve.diagnosis import Analyzer
+
+    an = Analyzer()
+    for i, line in enumerate(lines, 1):
+        an.feed_line(line, file, i)
+    return an.incident()

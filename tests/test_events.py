@@ -613,3 +613,49 @@ def test_old_vllm_headers_glued_with_spaces_are_split() -> None:
         "Engine iteration timed out. This should never happen!",
         "Engine background task failed",
     ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "░░ Subject: Unit process exited",
+        "░░",
+        "░░ The process' exit code is 'exited' and its exit status is 1.",
+        # the "--" prefix of a non-UTF-8 locale or an older journalctl (ollama/ollama#9335)
+        "-- Subject: Unit failed",
+        "-- Defined-By: systemd",
+        "-- ",
+    ],
+)
+def test_journal_catalog_lines_are_empty(line: str) -> None:
+    assert parse_line(line).text == ""
+
+
+@pytest.mark.parametrize("line", ["-- engine rcs0 --", "-- The unit ollama.service has entered the 'failed' state"])
+def test_dash_lines_that_are_not_catalog_fields_are_kept(line: str) -> None:
+    assert parse_line(line).text == line
+
+
+@pytest.mark.parametrize(
+    "line, rank, text",
+    [
+        ("[2025-04-03 20:06:34 DP1 TP0] Watchdog timeout (self.watchdog_timeout=300)", 0,
+         "Watchdog timeout (self.watchdog_timeout=300)"),
+        ("[2025-08-02 19:24:30 TP3] self.cur_batch.batch_size()=109", 3, "self.cur_batch.batch_size()=109"),
+        ("[2025-04-03 20:06:34 DP0 PP1 EP2] Load weight end.", None, "Load weight end."),
+    ],
+)
+def test_sglang_rank_prefix_gives_time_and_tp_rank(line: str, rank: int | None, text: str) -> None:
+    ev = parse_line(line)
+    assert (ev.rank, ev.text) == (rank, text)
+    assert ev.time is not None and ev.time.strftime("%Y-%m-%d %H:%M:%S") == line[1:20]
+
+
+def test_sglang_prefix_without_ranks_stays_text() -> None:
+    line = "[2025-06-22 16:14:00] Received sigquit from a child process. It usually means the child failed."
+    assert parse_line(line).text == line
+
+
+def test_sglang_prefix_over_a_torch_rank_record() -> None:
+    ev = parse_line("[2025-04-03 20:06:34 TP1] [rank1]: RuntimeError: NCCL Error 2: unhandled system error")
+    assert (ev.source, ev.rank, ev.text) == ("vllm", 1, "RuntimeError: NCCL Error 2: unhandled system error")

@@ -153,6 +153,10 @@ def test_bad_tables_are_rejected_with_the_row_named(doc, msg) -> None:  # type: 
             "SIGSEGV",
         ),
         ("vllm.service: Main process exited, code=killed, status=9/KILL", "systemd-exit-signal", "SIGKILL"),
+        # gdb's stop report (mesnico/TERN#5) and its report of a core file (mjiUST/SurfaceNet#5)
+        ('Thread 1 "python3" received signal SIGSEGV, Segmentation fault.', "gdb-signal-received", "SIGSEGV"),
+        ("Program terminated with signal SIGSEGV, Segmentation fault.", "gdb-signal-received", "SIGSEGV"),
+        ("Program received signal SIGABRT, Aborted.", "gdb-signal-received", "SIGABRT"),
         # abseil/glog failure handler (Ray workers) and UCX's error handler
         ("*** SIGSEGV received at time=1722289279 on cpu 61 ***", "failure-signal-handler", "SIGSEGV"),
         (

@@ -93,9 +93,11 @@ _COLLECTIVE_FRAME_RE = re.compile(
 _NATIVE_WINDOW = 20
 # a native stack frame line of a crash dump: glibc backtrace_symbols / Open MPI
 # ("lib.so.0(sym+0x1d)[0x7f..]", opal/util/stacktrace.c), abseil/glog ("@ 0x7f.. sym"), gdb/LLVM
-# ("#3 0x7f.. in sym"), tvm-ffi ("  ns::func(...)", vllm-project/vllm#52386)
+# ("#3 0x7f.. in sym"; gdb's stop location "0x7f.. in sym () from lib.so", infrun.c
+# print_stop_event), tvm-ffi ("  ns::func(...)", vllm-project/vllm#52386)
 _NATIVE_FRAME_RE = re.compile(
-    r"\.so(?:\.[\d.]+)?\((?:[\w$.@]*(?:\+0x[0-9a-f]+)?)?\)|@\s+0x[0-9a-f]+\s+\S|#\d+\s+0x[0-9a-f]+|^\s*[A-Za-z_][\w:<>~]*::\w+\("
+    r"\.so(?:\.[\d.]+)?\((?:[\w$.@]*(?:\+0x[0-9a-f]+)?)?\)|@\s+0x[0-9a-f]+\s+\S|#\d+\s+0x[0-9a-f]+"
+    r"|^\s*0x[0-9a-f]+ in \S|^\s*[A-Za-z_][\w:<>~]*::\w+\("
 )
 # frames that only show the signal being delivered (libc, the dynamic loader, the handler itself)
 _SIGNAL_FRAME_RE = re.compile(

@@ -594,6 +594,23 @@ def _strip_fence_end(ln: _Line) -> Event | None:
     return None
 
 
+# journalctl -x's message-catalog block under an entry (systemd src/shared/logs-show.c
+# print_catalog: every line of the catalog text after the prefix "░░" (two light shades) in a
+# UTF-8 locale, "--" otherwise, and one space): "░░ Subject: Unit process exited". The text is
+# the catalog's explanation of the entry above it, never a record. The "--" form is taken only
+# for the catalog's header fields and the bare prefix (its body lines read like prose)
+_CATALOG_SHADE = "\u2591\u2591"
+_CATALOG_DASH_RE = re.compile(r"-- ?(?:$|(?:Subject|Defined-By|Support|Documentation): )")
+
+
+def _strip_journal_catalog(ln: _Line) -> Event | None:
+    """A journalctl catalog line ("░░ Subject: ...", "-- Defined-By: systemd"): left empty."""
+    t = ln.text
+    if (t[0] == "\u2591" and t.startswith(_CATALOG_SHADE)) or (t[0] == "-" and _CATALOG_DASH_RE.match(t)):
+        ln.text = ""
+    return None
+
+
 def _strip_envelope(ln: _Line) -> Event | None:
     """A log shipper's or journal export's envelope (log_envelopes.unwrap): read the record in it."""
     t = ln.text
@@ -676,6 +693,35 @@ def _strip_shipped_quote(ln: _Line) -> Event | None:
     return None
 
 
+# SGLang's logger prefix (python/sglang/srt/utils/common.py configure_logger: "[%(asctime)s{prefix}] "
+# with datefmt "%Y-%m-%d %H:%M:%S"); a scheduler's prefix names its ranks (managers/scheduler.py
+# run_scheduler_process: " DP0", " PP0", " ATTN_CP0", " MOE_DP0", " TP0", " EP0"). Only the form
+# with ranks is read here: the bare "[stamp] " of other processes stays the line's text
+_SGLANG_RANKS_RE = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)((?: (?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)+)\] "
+)
+_SGLANG_TP_RE = re.compile(r" TP(\d+)")
+
+
+def _strip_rank_stamp(ln: _Line) -> Event | None:
+    """SGLang's "[YYYY-MM-DD HH:MM:SS TP3] msg": the message read as a line, with the stamp as its
+    time (unless the message has its own) and the TP rank as its rank."""
+    t = ln.text
+    if not (t[0] == "[" and t[1:2].isdigit()):
+        return None
+    m = _SGLANG_RANKS_RE.match(t)
+    if m is None:
+        return None
+    ev = _parse_line(t[m.end() :], ln.file, ln.lineno)
+    ev.raw = ln.raw
+    if ev.time is None:
+        ev.time_text, ev.time = m.group(1), _parse_iso(m.group(1).replace(" ", "T"))
+    tp = _SGLANG_TP_RE.search(m.group(2))
+    if ev.rank is None and tp is not None:
+        ev.rank = int(tp.group(1))
+    return ev
+
+
 def _strip_json_field(ln: _Line) -> Event | None:
     """One field of a pretty-printed JSON log entry (see _JSON_FIELD_RE): read the record in it."""
     t = ln.text
@@ -738,11 +784,13 @@ _STRIPPERS = (
     _strip_gutter,
     _strip_quote,
     _strip_fence_end,
+    _strip_journal_catalog,
     _strip_envelope,
     _strip_iso_stamp,
     _strip_compose,
     _strip_shipped_quote,
     _strip_pane_border,
+    _strip_rank_stamp,
     _strip_json_field,
     _strip_syslog,
     _strip_bare_kernel,
