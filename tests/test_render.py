@@ -268,6 +268,7 @@ environment: {vars: {VLLM_CPU_OMP_THREADS_BIND: "0|1"}}
     [
         ("HF_TOKEN", True),
         ("--api-key", True),
+        ("--api-keys", True),
         ("api_key", True),
         ("OPENAI_APIKEY", True),
         ("DB_PASSWORD", True),
@@ -279,6 +280,17 @@ environment: {vars: {VLLM_CPU_OMP_THREADS_BIND: "0|1"}}
 )
 def test_is_secret_name(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
+
+
+def test_list_value_of_a_plural_secret_flag_is_masked(tmp_path: Path) -> None:
+    """`engine.args: {api-keys: [a, b]}` renders `--api-keys a b` with both values masked."""
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text("engine:\n  model: m\n  args:\n    api-keys: [k-one-5a1, k-two-9b2]\n")
+    r = render(load_config(cfg_path))
+    i = r.argv.index("--api-keys")
+    assert r.argv[i + 1 : i + 3] == ["k-one-5a1", "k-two-9b2"]
+    assert r.redacted_argv()[i + 1 : i + 3] == ["***", "***"]
+    assert "k-one-5a1" not in r.shell() and "k-two-9b2" not in r.shell()
 
 
 _GROUP_CFG = """

@@ -41,14 +41,15 @@ from xpu_serve.config import Config, EngineConfig, preset_vars
 MASK = "***"
 """What a secret value is shown as."""
 
-_SECRET_WORD = re.compile(r".*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)", re.IGNORECASE)
+_SECRET_WORD = re.compile(r".*(?:TOKEN|KEYS?|SECRETS?|PASSWORDS?|PASSWD|CREDENTIALS?)", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
     """True when a flag or variable name names a secret: one of its words (split on `-`, `_`, `.`)
-    is, or ends with, TOKEN, KEY, SECRET, PASSWORD, PASSWD or CREDENTIAL(S), any case.
+    is, or ends with, TOKEN, KEY(S), SECRET(S), PASSWORD(S), PASSWD or CREDENTIAL(S), any case.
 
-    "HF_TOKEN", "--api-key", "OPENAI_APIKEY" are secret; "--max-num-batched-tokens" (a count) and
+    "HF_TOKEN", "--api-key", "--api-keys", "OPENAI_APIKEY" are secret; "--max-num-batched-tokens"
+    (a count: TOKEN takes no plural for that reason) and
     "--ssl-keyfile" (a path) are not: a plain substring match would hide them and break the
     rendered command line, hence words rather than `xpu_serve.redact`'s substring rule.
     """
