@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xpu_serve.analysis.incident import Root, RootEvidence
 from xpu_serve.diagnosis import Incident
 
 WIDTH = 118
@@ -75,10 +76,10 @@ def format_ranks(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def _where(d: dict[str, Any], files: PathMap | None = None) -> str:
-    if d.get("file") is None:
+def _where(d: Root | RootEvidence, files: PathMap | None = None) -> str:
+    if d.file is None:
         return "(live)"
-    return f"{files(d['file']) if files else d['file']}:{d['line']}"
+    return f"{files(d.file) if files else d.file}:{d.line}"
 
 
 def _cut_keeping_where(line: str, n: int) -> str:
@@ -141,15 +142,15 @@ def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None)
         who = ", ".join(
             x
             for x in (
-                r.get("process") or None,
-                f"rank {r['rank']}" if r.get("rank") is not None else None,
-                f"pid {r['pid']}" if r.get("pid") is not None else None,
-                f"at {r['time']}" if r.get("time") else None,
+                r.process or None,
+                f"rank {r.rank}" if r.rank is not None else None,
+                f"pid {r.pid}" if r.pid is not None else None,
+                f"at {r.time}" if r.time else None,
             )
             if x
         )
         out.append(f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else ""))
-        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
+        out.extend(_wrap(r.text or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
         if inc.meaning:
             out.extend(_wrap(inc.meaning, width, "  ", "  "))
         if inc.library:
@@ -157,28 +158,27 @@ def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None)
         for e in inc.root_evidence[:4]:
             # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
             where = _where(e, files).replace("(live)", "live")
-            when = f"{e['time']} " if e.get("time") else ""
-            out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
+            when = f"{e.time} " if e.time else ""
+            out.extend(_wrap(f"{when}{e.text or ''}", width, f"  also {where}: ", "    ", max_lines=2))
     elif inc.cause == "unknown":
         out.append("ROOT CAUSE: nothing in the input supports a verdict.")
     if inc.hang:
         h = inc.hang
-        delay = h.get("delay_s")
         d = ""
-        if isinstance(delay, (int, float)):
-            m, s = divmod(int(delay), 60)
+        if h.delay_s is not None:
+            m, s = divmod(int(h.delay_s), 60)
             d = f"; {m}m{s:02d}s without progress before detection"
         det = " ".join(
             x
             for x in (
-                f"at {h['detected_at']}" if h.get("detected_at") else "",
-                f"by {h['detected_by']}" if h.get("detected_by") else "",
+                f"at {h.detected_at}" if h.detected_at else "",
+                f"by {h.detected_by}" if h.detected_by else "",
             )
             if x
         )
         out.extend(
             _wrap(
-                f"last progress {h.get('last_progress') or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
+                f"last progress {h.last_progress or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
                 width,
                 "HANG: ",
                 "      ",
@@ -186,9 +186,9 @@ def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None)
         )
     if inc.startup:
         su = inc.startup
-        miss = su.get("missing_ranks") or []
-        extra = f"; ranks that did not reach {su.get('missing_phase')}: {format_ranks(miss)}" if miss else ""
-        out.append(f"START-UP: last milestone reached: {su.get('last_milestone')}{extra}")
+        miss = list(su.missing_ranks)
+        extra = f"; ranks that did not reach {su.missing_phase}: {format_ranks(miss)}" if miss else ""
+        out.append(f"START-UP: last milestone reached: {su.last_milestone}{extra}")
     cons = group_consequences(inc, files)
     if cons:
         out.append("")
@@ -202,17 +202,15 @@ def render_text(inc: Incident, width: int = WIDTH, files: PathMap | None = None)
         out.append("")
         out.append("TIMELINE:")
         for t in inc.timeline[:15]:
-            who = t.get("process") or ""
-            if not who and t.get("rank") is not None:
-                who = f"rank {t['rank']}"
+            who = t.process or ""
+            if not who and t.rank is not None:
+                who = f"rank {t.rank}"
             elif not who:
-                who = "(no prefix)" if t.get("source") == "vllm" else str(t.get("source") or "")
-            elif t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
-                who = f"{who}/r{t['rank']}"
-            mark = {"root": ">>", "evidence": " +"}.get(str(t.get("role")), "  ")
-            out.append(
-                f" {mark} {str(t.get('time') or '-'):>19}  {_cut(str(who), 14):<14} {_cut(t.get('text') or '', width - 42)}"
-            )
+                who = "(no prefix)" if t.source == "vllm" else str(t.source or "")
+            elif t.rank is not None and not who.endswith(str(t.rank)):
+                who = f"{who}/r{t.rank}"
+            mark = {"root": ">>", "evidence": " +"}.get(str(t.role), "  ")
+            out.append(f" {mark} {t.time or '-':>19}  {_cut(who, 14):<14} {_cut(t.text or '', width - 42)}")
     out.append("")
     out.extend(
         _wrap(
@@ -244,7 +242,7 @@ def render_compact(inc: Incident, width: int = 100, files: PathMap | None = None
     r = inc.root
     if r:
         out.append(_cut(f"ROOT CAUSE: {inc.root_label or inc.cause}", width))
-        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=2))
+        out.extend(_wrap(r.text or "", width, f"  {_where(r, files)}: ", "    ", max_lines=2))
     cons = group_consequences(inc, files)
     if cons:
         out.append("WHAT FOLLOWED (consequences, not causes):")

@@ -1,14 +1,23 @@
-"""The verdict contract at the edge: kept events turned into the `--json` contract's parts
-(root, consequence groups, timeline, summary; /work/shared/cases/README.md). Everything before
-this works on `Event`s and `Group`s."""
+"""The verdict's parts made from kept events (root, consequence groups, timeline, summary), and
+the edge: `incident_json`, the only place the typed `Incident` becomes the `--json` verdict
+contract (/work/shared/cases/README.md "The verdict contract")."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import cmp_to_key
 from typing import Any
 
 from xpu_serve.analysis.deaths import death_signal
-from xpu_serve.analysis.incident import Group, Incident
+from xpu_serve.analysis.incident import (
+    Consequence,
+    Group,
+    Hang,
+    Incident,
+    Root,
+    RootEvidence,
+    TimelineItem,
+)
 from xpu_serve.analysis.subject import SubjectMixin
 from xpu_serve.analysis.timeorder import boot, cmp_time
 from xpu_serve.events import Event
@@ -31,21 +40,8 @@ PHASES = (
 class ContractMixin(SubjectMixin):
     """Contract output of the analysis (see the module docstring)."""
 
-    def _contract_event(
-        self, ev: Event, proc: str | None, rank: int | None, pid: int | None
-    ) -> dict[str, Any]:
-        return {
-            "source": ev.source
-            if ev.source in ("vllm", "ccl", "kernel", "process", "health")
-            else ("health" if ev.source == "supervisor" else "vllm"),
-            "process": proc,
-            "rank": rank,
-            "pid": pid,
-            "time": ev.time_text,
-            "file": ev.file,
-            "line": ev.line,
-            "text": ev.text.strip()[:2000],
-        }
+    def _contract_event(self, ev: Event, proc: str | None, rank: int | None, pid: int | None) -> Root:
+        return Root(contract_source(ev), proc, rank, pid, ev.time_text, ev.file, ev.line, ev.text.strip()[:2000])
 
     def _consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
@@ -87,7 +83,7 @@ class ContractMixin(SubjectMixin):
 
     def _timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[TimelineItem]:
         """At most TIMELINE_MAX contract items in causal order: warning signs and progress, the
         root, then its evidence and what followed (each part in time order where clocks compare,
         else input order)."""
@@ -152,9 +148,8 @@ class ContractMixin(SubjectMixin):
                 add(self.milestones[ph]["last"])
         return items
 
-    def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> dict[str, Any]:
+    def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> TimelineItem:
         proc, rank, pid = self._subject(ev, [], link=ev is root)
-        d = self._contract_event(ev, proc, rank, pid)
         role: str | None
         if ev is root:
             role = "root"
@@ -162,36 +157,27 @@ class ContractMixin(SubjectMixin):
             role = "evidence"
         else:
             role = ev.role if ev.role != "root" else "consequence"
-        return {
-            "time": d["time"],
-            "source": d["source"],
-            "process": proc,
-            "rank": rank,
-            "pid": pid,
-            "role": role,
-            "signature": ev.signature,
-            "file": ev.file,
-            "line": ev.line,
-            "text": d["text"][:300],
-        }
+        return TimelineItem(
+            ev.time_text, contract_source(ev), proc, rank, pid, role, ev.signature, ev.file, ev.line, ev.text.strip()[:300]
+        )
 
     def _summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
         """One plain sentence without a final period (callers append "; bundle ..."): who (process,
         rank, pid), what happened (the signal it was killed by, from the root or its evidence),
         when, and how many lines followed as consequences."""
-        r = inc.root or {}
+        r = inc.root
         recs = [e for e in [root, *(evidence or [])] if e is not None]
         parts = [
-            f"rank {r['rank']}" if r.get("rank") is not None else None,
-            f"pid {r['pid']}" if r.get("pid") is not None else None,
+            f"rank {r.rank}" if r is not None and r.rank is not None else None,
+            f"pid {r.pid}" if r is not None and r.pid is not None else None,
         ]
         ids = ", ".join(x for x in parts if x)
-        who = str(r.get("process") or "A process") + (f" ({ids})" if ids else "")
+        who = str((r.process if r is not None else None) or "A process") + (f" ({ids})" if ids else "")
         t_ev = next((e for e in recs if e.time_text), None)
         where = ""
         if t_ev is not None:
             where = f" at {t_ev.time_text}" + (" s after boot" if boot(t_ev) is not None else "")
-        n = sum(c["count"] for c in inc.consequences)
+        n = sum(c.count for c in inc.consequences)
         follow = (
             (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
             if n
@@ -206,7 +192,7 @@ class ContractMixin(SubjectMixin):
             how = f"was killed by {signal}" if signal else "crashed"
             return f"{who} {how} inside the GPU driver library {inc.library or '?'}{where}{follow}"
         if c == "gpu-fault":
-            on = f" in {who}" if r.get("process") or r.get("pid") is not None else ""
+            on = f" in {who}" if r is not None and (r.process or r.pid is not None) else ""
             return f"The GPU driver reported a device fault ({label}){on}{where}{follow}"
         if c == "engine-hang":
             return _hang_summary(inc) + follow
@@ -234,22 +220,70 @@ class ContractMixin(SubjectMixin):
 
 
 def _hang_summary(inc: Incident) -> str:
-    h = inc.hang or {}
-    after = f" after {h['last_progress']}" if h.get("last_progress") else ""
-    by = f"; {h['detected_by']} detected it" if h.get("detected_by") else ""
-    at = f" at {h['detected_at']}" if h.get("detected_at") else ""
+    h = inc.hang or Hang(None, None, None)
+    after = f" after {h.last_progress}" if h.last_progress else ""
+    by = f"; {h.detected_by} detected it" if h.detected_by else ""
+    at = f" at {h.detected_at}" if h.detected_at else ""
     return f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}"
 
 
 def _startup_summary(inc: Incident) -> str:
-    s = inc.startup or {}
-    miss = s.get("missing_ranks") or []
+    s = inc.startup
+    miss = s.missing_ranks if s is not None else ()
     ranks = (
-        f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach {s.get('missing_phase')}"
-        if miss
+        f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach {s.missing_phase}"
+        if s is not None and miss
         else ""
     )
-    if not s.get("last_milestone") and inc.hang and inc.hang.get("detected_by"):
+    if s is None and inc.hang is not None and inc.hang.detected_by:
         h = inc.hang
-        return f"Start-up stalled: {h['detected_by']} (last at {h.get('detected_at') or '?'})"
-    return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}"
+        return f"Start-up stalled: {h.detected_by} (last at {h.detected_at or '?'})"
+    return f"Start-up stalled after phase {(s.last_milestone if s is not None else None) or '?'}{ranks}"
+
+
+_SOURCES = frozenset(("vllm", "ccl", "kernel", "process", "health"))
+
+
+def contract_source(ev: Event) -> str:
+    """The contract's `source` of an event: vllm, ccl, kernel, process or health (the
+    supervisor's own facts are health; anything else read from a log is vllm)."""
+    if ev.source in _SOURCES:
+        return ev.source
+    return "health" if ev.source == "supervisor" else "vllm"
+
+
+def _flat(part: Root | RootEvidence | Consequence | TimelineItem | Hang) -> dict[str, Any]:
+    """A part's fields in the contract's order (the dataclass's), nested parts left out."""
+    return {f.name: getattr(part, f.name) for f in fields(part) if f.name != "evidence"}
+
+
+def root_json(r: Root) -> dict[str, Any]:
+    """{source, process, rank, pid, time, file, line, text}, and `evidence` (each {signature,
+    label, time, file, line, text}) once looked for."""
+    out = _flat(r)
+    if r.evidence is not None:
+        out["evidence"] = [_flat(e) for e in r.evidence]
+    return out
+
+
+def hang_json(h: Hang) -> dict[str, Any]:
+    """{last_progress, detected_at, detected_by}, and delay_s, no_progress_since,
+    first_wait_warning where known."""
+    return {k: v for k, v in _flat(h).items() if v is not None or k in _HANG_ALWAYS}
+
+
+_HANG_ALWAYS = ("last_progress", "detected_at", "detected_by")
+
+
+def incident_json(inc: Incident) -> dict[str, Any]:
+    """The JSON verdict: {cause, summary, root, consequences, timeline, hang, library, notes}."""
+    return {
+        "cause": inc.cause,
+        "summary": inc.summary,
+        "root": root_json(inc.root) if inc.root is not None else None,
+        "consequences": [_flat(c) for c in inc.consequences],
+        "timeline": [_flat(t) for t in inc.timeline],
+        "hang": hang_json(inc.hang) if inc.hang is not None else None,
+        "library": inc.library,
+        "notes": list(inc.notes),
+    }

@@ -10,15 +10,15 @@ contract's parts (analysis/contract.py).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import cmp_to_key
-from typing import Any
 
 from xpu_serve.analysis.contract import PHASES, ContractMixin
 from xpu_serve.analysis.deaths import death_signal
 from xpu_serve.analysis.demote import Candidates, apply_demote, apply_outrank, outrank_notes
-from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.incident import Hang, Incident, Root, RootEvidence, Startup
 from xpu_serve.analysis.supervised import complete
 from xpu_serve.analysis.timeorder import boot, cmp_time, same_burst
 from xpu_serve.events import Event, parse_line
@@ -41,7 +41,7 @@ class _Work:
     hang_precursors: list[Event] = field(default_factory=list)
     startup_waits: list[Event] = field(default_factory=list)
     n_waits: int = 0
-    startup_info: dict[str, Any] = field(default_factory=dict)
+    startup_info: Startup | None = None
 
 
 class VerdictMixin(ContractMixin):
@@ -231,9 +231,10 @@ class VerdictMixin(ContractMixin):
             # shows its start-up lines (handled above as startup-hang)
             v.cause = "engine-hang"
         if not self.ready and v.cause in (None, "engine-hang") and self.milestones:
-            if v.cause == "engine-hang" or info.get("missing_ranks") or v.hang_precursors or v.n_waits >= 2:
+            missing = info is not None and info.missing_ranks
+            if v.cause == "engine-hang" or missing or v.hang_precursors or v.n_waits >= 2:
                 v.cause = "startup-hang"
-            elif not self.groups and not v.demoted and info.get("last_milestone") not in _ENGINE_UP_PHASES:
+            elif not self.groups and not v.demoted and (info is None or info.last_milestone not in _ENGINE_UP_PHASES):
                 # (once the engine reported itself initialised, the rest of start-up is the API
                 # server's few seconds: a log ending there was cut short, not evidence of a stall)
                 v.cause = "startup-hang"
@@ -254,14 +255,15 @@ class VerdictMixin(ContractMixin):
                     "start-up failed (consequences are in the input) but the error that caused it is not"
                 )
             else:
+                last = v.startup_info.last_milestone if v.startup_info is not None else None
                 notes.append(
-                    f"the input ends during start-up (after {v.startup_info.get('last_milestone')}) without "
+                    f"the input ends during start-up (after {last}) without "
                     "an error and without a stall"
                 )
         if self.lines == 0 and not self.roots:
             notes.append("the input is empty")
         inc.consequence_groups = self._consequence_groups(None, v.demoted)
-        inc.consequences = [g.to_contract() for g in inc.consequence_groups]
+        inc.consequences = [g.consequence() for g in inc.consequence_groups]
         inc.timeline = self._timeline(None, v.demoted)
         return inc
 
@@ -294,13 +296,13 @@ class VerdictMixin(ContractMixin):
         """A start-up stall's meaning (the lagging ranks) and subject (analysis of _startup_root)."""
         inc, root, info = v.inc, v.root, v.startup_info
         inc.startup = info
-        miss = info.get("missing_ranks") or []
+        miss = info.missing_ranks if info is not None else ()
         if root is None or root.signature != self._row["startup_stall"]:
             inc.root_label = "start-up stalled"
             if miss:
                 inc.meaning = (
                     f"Start-up stopped: rank(s) {', '.join(map(str, miss))} never reached "
-                    f"{info.get('missing_phase')} while the others did; nothing failed first."
+                    f"{info.missing_phase if info is not None else None} while the others did; nothing failed first."
                 )
                 inc.advice = (
                     "Take stacks (py-spy dump) of the ranks that did not reach the phase; for ccl-init "
@@ -308,7 +310,8 @@ class VerdictMixin(ContractMixin):
                     "that rank sees (ZE_AFFINITY_MASK)."
                 )
             else:
-                inc.meaning = f"Start-up stopped after {info.get('last_milestone')} without an error and without reaching ready."
+                last = info.last_milestone if info is not None else None
+                inc.meaning = f"Start-up stopped after {last} without an error and without reaching ready."
         if inc.root is None or (root is not None and root.cause != "startup-hang"):
             self._startup_subject(v)
 
@@ -344,30 +347,25 @@ class VerdictMixin(ContractMixin):
         evidence: list[Event] = []
         if root is not None and inc.root is not None and v.cause not in ("engine-hang", "startup-hang"):
             evidence = self._root_evidence(root, inc.root, v.cands + v.demoted)
-            inc.root_evidence = [
-                {
-                    "signature": e.signature,
-                    "label": self.table.by_id[e.signature or ""].label,
-                    "time": e.time_text,
-                    "file": e.file,
-                    "line": e.line,
-                    "text": e.text.strip()[:500],
-                }
+            found = tuple(
+                RootEvidence(
+                    e.signature, self.table.by_id[e.signature or ""].label, e.time_text, e.file, e.line, e.text.strip()[:500]
+                )
                 for e in evidence
-            ]
-            inc.root["evidence"] = inc.root_evidence
+            )
+            inc.root = dataclasses.replace(inc.root, evidence=found)
         ev_ids = {id(e) for e in evidence}
         inc.consequence_groups = self._consequence_groups(root, v.demoted, ev_ids)
-        inc.consequences = [g.to_contract() for g in inc.consequence_groups]
+        inc.consequences = [g.consequence() for g in inc.consequence_groups]
         inc.timeline = self._timeline(v.tl_root, v.demoted, evidence)
         inc.summary = self._summary(inc, root, evidence)
 
-    def _root_evidence(self, root: Event, subj: dict[str, Any], pool: list[Event]) -> list[Event]:
+    def _root_evidence(self, root: Event, subj: Root, pool: list[Event]) -> list[Event]:
         """Death records of the root's own process (its crash dump, the supervisor's exit fact,
         EngineCore's report of its death), in time order: evidence of the root, not consequences.
         A dump without a process prefix is linked by order (as for the root) and only one is taken,
         so the teardown dumps of the surviving ranks stay consequences."""
-        proc, rank, pid = subj.get("process"), subj.get("rank"), subj.get("pid")
+        proc, rank, pid = subj.process, subj.rank, subj.pid
         anonymous = proc is None and pid is None
         root_sig = death_signal(root)
         out: list[Event] = []
@@ -437,9 +435,9 @@ class VerdictMixin(ContractMixin):
                 best = ev
         return best
 
-    def _startup_info(self) -> dict[str, Any]:
+    def _startup_info(self) -> Startup | None:
         if not self.milestones:
-            return {}
+            return None
         order = {p: i for i, p in enumerate(PHASES)}
         reached = sorted(self.milestones, key=lambda p: order.get(p, -1))
         last = reached[-1]
@@ -455,21 +453,13 @@ class VerdictMixin(ContractMixin):
                 if miss:
                     missing, phase_for_missing = miss, p
                 break
-        return {
-            "last_milestone": last,
-            "last_milestone_event": self.milestones[last]["last"],
-            "missing_ranks": missing,
-            "missing_phase": phase_for_missing,
-            "world_size": self.world_size,
-        }
+        return Startup(last, self.milestones[last]["last"], tuple(missing), phase_for_missing, self.world_size)
 
-    def _startup_root(
-        self, info: dict[str, Any], root: Event | None
-    ) -> tuple[dict[str, Any] | None, Event | None]:
+    def _startup_root(self, info: Startup | None, root: Event | None) -> tuple[Root | None, Event | None]:
         """The start-up stall's subject: the first rank that did not reach the last per-rank
         milestone (its last line), else the stall's own root, else the last milestone."""
-        missing = info.get("missing_ranks") or []
-        if missing:
+        missing = info.missing_ranks if info is not None else ()
+        if info is not None and missing:
             r = missing[0]
             pid = self._rank_pid(r)
             raw = self.pid_last_raw.get(pid) if pid is not None else None
@@ -480,18 +470,18 @@ class VerdictMixin(ContractMixin):
                     t = last.time
                     last.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
                 return self._contract_event(last, f"Worker_TP{r}", r, pid), last
-            ev = info.get("last_milestone_event")
-            return (self._contract_event(ev, f"Worker_TP{r}", r, pid) if ev else None), None
+            ev = info.last_milestone_event
+            return self._contract_event(ev, f"Worker_TP{r}", r, pid), None
         if root is not None:
             p, r2, pd = self._subject(root, [], link=False)
             return self._contract_event(root, p, r2, pd), root
-        ev = info.get("last_milestone_event")
-        if ev is None:
+        if info is None:
             return None, None
+        ev = info.last_milestone_event
         p, r3, pd = self._subject(ev, [], link=False)
         return self._contract_event(ev, p, r3, pd), ev
 
-    def _hang(self, root: Event | None, precursors: list[Event], notes: list[str]) -> dict[str, Any]:
+    def _hang(self, root: Event | None, precursors: list[Event], notes: list[str]) -> Hang:
         last = self.last_progress
         lp = None
         if self.facts_hang is not None and self.facts_hang.extra.get("last_progress"):
@@ -504,27 +494,23 @@ class VerdictMixin(ContractMixin):
         detected_by = None
         if det is not None:
             sig = self.table.by_id[det.signature or ""]
-            detected_by = (
-                (det.extra.get("detected_by") if det.source == "health" else None)
-                or sig.detected_by
-                or sig.label
-            )
-        out: dict[str, Any] = {
-            "last_progress": lp,
-            "detected_at": det.time_text if det is not None else None,
-            "detected_by": detected_by,
-        }
+            told = det.extra.get("detected_by") if det.source == "health" else None
+            detected_by = (str(told) if told else None) or sig.detected_by or sig.label
+        delay_s = None
         if last is not None and det is not None and last.time and det.time and det.source == last.source:
             delay = (det.time - last.time).total_seconds()
             if delay >= 0:
-                out["delay_s"] = delay
+                delay_s = delay
         elif lp is None:
             notes.append(
                 "no progress line (stats with non-zero throughput) in the input: last progress unknown"
             )
-        if self.stall_stats is not None:
-            out["no_progress_since"] = self.stall_stats.time_text
         first_wait = self.precursors.get(self._row["first_wait"])
-        if first_wait:
-            out["first_wait_warning"] = first_wait[0].time_text
-        return out
+        return Hang(
+            lp,
+            det.time_text if det is not None else None,
+            detected_by,
+            delay_s,
+            self.stall_stats.time_text if self.stall_stats is not None else None,
+            first_wait[0].time_text if first_wait else None,
+        )
