@@ -38,15 +38,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO
 
+from xpu_serve.analysis import verdict
 from xpu_serve.analysis.blockscan import BlockScan, explain_pids, usable_keys
 from xpu_serve.analysis.contract import PHASES, TIMELINE_MAX
 from xpu_serve.analysis.deaths import death_signal, normalize_process
 from xpu_serve.analysis.incident import Incident
-from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE
+from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE, EvidenceStore
 from xpu_serve.analysis.supervised import trigger_of
 from xpu_serve.analysis.timeorder import tkey as _tkey
 from xpu_serve.analysis.traceback import Step, TracebackTracker
-from xpu_serve.analysis.verdict import VerdictMixin
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
 from xpu_serve.facts import FACTS_LOG, parse_fact_line
 from xpu_serve.signatures import Signature, SignatureTable
@@ -183,7 +183,7 @@ def _indented(line: str) -> bool:
 _DRM_DEV_RE = re.compile(r"(?:xe|i915|amdgpu) ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)")
 
 
-class Analyzer(VerdictMixin):
+class Analyzer(EvidenceStore):
     """Streaming analysis of lines and facts; memory bounded by the number of signatures.
 
     Use: `feed_line(line, file, lineno)` for every line (vLLM output, oneCCL, kernel records in
@@ -238,6 +238,11 @@ class Analyzer(VerdictMixin):
         # the restart line's own time (month, day, h, m, s, us) when it has one: kernel records
         # read from another file (dmesg -T, ISO stamps) are placed before or after it by theirs
         self._restart_key: tuple[int, int, int, int, int, int] | None = None
+
+    def incident(self) -> Incident:
+        """The verdict over everything fed so far (analysis/verdict.py); never raises, may be
+        called repeatedly."""
+        return verdict.incident(self)
 
     def lines_read(self, file: str) -> int:
         """How many lines of `file` were fed so far (the last line number)."""

@@ -18,7 +18,8 @@ from xpu_serve.analysis.incident import (
     RootEvidence,
     TimelineItem,
 )
-from xpu_serve.analysis.subject import SubjectMixin
+from xpu_serve.analysis.store import EvidenceStore
+from xpu_serve.analysis.subject import Subjects
 from xpu_serve.analysis.timeorder import boot, cmp_time
 from xpu_serve.events import Event
 
@@ -37,30 +38,36 @@ PHASES = (
 )
 
 
-class ContractMixin(SubjectMixin):
-    """Contract output of the analysis (see the module docstring)."""
+class Parts:
+    """The verdict's parts made from the events kept in the evidence store `st`, each attributed
+    by `subj` (see the module docstring)."""
 
-    def _contract_event(self, ev: Event, proc: str | None, rank: int | None, pid: int | None) -> Root:
+    __slots__ = ("st", "subj")
+
+    def __init__(self, st: EvidenceStore, subj: Subjects) -> None:
+        self.st, self.subj = st, subj
+
+    def root_of(self, ev: Event, proc: str | None, rank: int | None, pid: int | None) -> Root:
         return Root(contract_source(ev), proc, rank, pid, ev.time_text, ev.file, ev.line, ev.text.strip()[:2000])
 
-    def _consequence_groups(
+    def consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
     ) -> list[Group]:
         """What followed the root, counted per (signature, process, rank) in time order: the
         store's consequence groups, the root candidates that lost and the demoted ones (not the
         root, not `skip`: the root's own evidence)."""
         groups: dict[tuple[str, str | None, int | None], Group] = {
-            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.groups.items()
+            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.st.groups.items()
         }
         # root candidates that lost are consequences of the root
         seen_ids = set()
-        for sid, evs in self.roots.items():
+        for sid, evs in self.st.roots.items():
             for ev in evs:
                 if ev is root or ev.role != "root" or id(ev) in skip:
                     continue
                 seen_ids.add(id(ev))
                 self._add_to(groups, ev, sid)
-            extra = self.root_counts.get(sid, 0) - len(evs)
+            extra = self.st.root_counts.get(sid, 0) - len(evs)
             if extra > 0 and evs:
                 k = next((k for k in groups if k[0] == sid), None)
                 if k is not None:
@@ -73,15 +80,15 @@ class ContractMixin(SubjectMixin):
         return out
 
     def _add_to(self, groups: dict[tuple[str, str | None, int | None], Group], ev: Event, sid: str) -> None:
-        proc, rank, pid = self._subject(ev, [], link=False)
+        proc, rank, pid = self.subj.subject(ev, [], link=False)
         key = (sid, proc, rank)
         g = groups.get(key)
         if g is None:
-            groups[key] = Group(self.table.by_id[sid], proc, rank, pid, ev, 1)
+            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1)
         else:
             g.count += 1
 
-    def _timeline(
+    def timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
     ) -> list[TimelineItem]:
         """At most TIMELINE_MAX contract items in causal order: warning signs and progress, the
@@ -123,33 +130,33 @@ class ContractMixin(SubjectMixin):
         add(root)
         for e in evidence_events:
             add(e)
-        for sid, evs in self.precursors.items():
-            if sid in self._set["not_hang_detection"]:
+        for sid, evs in self.st.precursors.items():
+            if sid in self.st._set["not_hang_detection"]:
                 continue
             add(evs[0])
             if len(evs) > 1:
                 add(evs[-1])
-        add(self.last_progress)
-        add(self.stall_stats)
+        add(self.st.last_progress)
+        add(self.st.stall_stats)
         first_by_sig: dict[str, Event] = {}
-        for g in self.groups.values():
+        for g in self.st.groups.values():
             cur = first_by_sig.get(g.sig.id)
             if cur is None or cmp_time(g.first, cur) < 0:
                 first_by_sig[g.sig.id] = g.first
         for ev in first_by_sig.values():
             add(ev)
-        for evs in self.roots.values():
+        for evs in self.st.roots.values():
             for ev in evs[:2]:
                 add(ev)
-        if not self.ready and self.milestones:
+        if not self.st.ready and self.st.milestones:
             order = {p: i for i, p in enumerate(PHASES)}
-            for ph in sorted(self.milestones, key=lambda p: order.get(p, -1))[-4:]:
-                add(self.milestones[ph]["first"])
-                add(self.milestones[ph]["last"])
+            for ph in sorted(self.st.milestones, key=lambda p: order.get(p, -1))[-4:]:
+                add(self.st.milestones[ph]["first"])
+                add(self.st.milestones[ph]["last"])
         return items
 
     def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> TimelineItem:
-        proc, rank, pid = self._subject(ev, [], link=ev is root)
+        proc, rank, pid = self.subj.subject(ev, [], link=ev is root)
         role: str | None
         if ev is root:
             role = "root"
@@ -161,7 +168,7 @@ class ContractMixin(SubjectMixin):
             ev.time_text, contract_source(ev), proc, rank, pid, role, ev.signature, ev.file, ev.line, ev.text.strip()[:300]
         )
 
-    def _summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
+    def summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
         """One plain sentence without a final period (callers append "; bundle ..."): who (process,
         rank, pid), what happened (the signal it was killed by, from the root or its evidence),
         when, and how many lines followed as consequences."""
@@ -214,7 +221,7 @@ class ContractMixin(SubjectMixin):
         )
         if code is not None:
             return f" exited with code {code}"
-        if root is not None and root.signature in self._set["worker_death_reports"]:
+        if root is not None and root.signature in self.st._set["worker_death_reports"]:
             return " died unexpectedly (reported by EngineCore)"
         return f" died ({label})"
 

@@ -121,7 +121,14 @@ class Group:
         """The verdict's consequence of this group."""
         ev = self.first
         return Consequence(
-            self.sig.id, self.process, self.rank, self.pid, self.count, ev.file, ev.line, ev.text.strip()[:500]
+            self.sig.id,
+            self.process,
+            self.rank,
+            self.pid,
+            self.count,
+            ev.file,
+            ev.line,
+            ev.text.strip()[:500],
         )
 
 

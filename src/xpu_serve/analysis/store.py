@@ -57,7 +57,7 @@ class EvidenceStore:
         self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
         # incident): the state of the last failed incarnation before the latest restart
-        self._earlier: Any = None
+        self._earlier: EvidenceStore | None = None
         # the supervisor's trigger (facts.trigger), when one was read: analysis/supervised.py
         self.trigger: Trigger | None = None
         self._restart_at: tuple[str, int] | None = None
