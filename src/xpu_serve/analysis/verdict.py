@@ -79,9 +79,7 @@ def verdict(cx: Ctx) -> Incident:
     describe_root(cx, v)
     if v.cause == "startup-hang":
         startup_verdict(cx, v)
-    if v.cause == "engine-hang" or (
-        v.root is not None and v.root.cause in ("engine-hang", "startup-hang")
-    ):
+    if v.cause == "engine-hang" or (v.root is not None and v.root.cause in ("engine-hang", "startup-hang")):
         hang_verdict(cx, v)
     finish(cx, v)
     return v.inc
@@ -168,8 +166,7 @@ def unknown(cx: Ctx, v: Work) -> Incident:
         else:
             last = v.startup_info.last_milestone if v.startup_info is not None else None
             notes.append(
-                f"the input ends during start-up (after {last}) without "
-                "an error and without a stall"
+                f"the input ends during start-up (after {last}) without an error and without a stall"
             )
     if cx.st.lines == 0 and not cx.st.roots:
         notes.append("the input is empty")
@@ -213,7 +210,12 @@ def finish(cx: Ctx, v: Work) -> None:
         evidence = root_evidence(cx, root, inc.root, v.cands + v.demoted)
         found = tuple(
             RootEvidence(
-                e.signature, cx.st.table.by_id[e.signature or ""].label, e.time_text, e.file, e.line, e.text.strip()[:500]
+                e.signature,
+                cx.st.table.by_id[e.signature or ""].label,
+                e.time_text,
+                e.file,
+                e.line,
+                e.text.strip()[:500],
             )
             for e in evidence
         )
