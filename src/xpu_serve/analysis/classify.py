@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xpu_serve.analysis.crashdump import CrashDumps
 from xpu_serve.analysis.dedup import Dedup
-from xpu_serve.analysis.store import MAX_PER_SIGNATURE
+from xpu_serve.analysis.store import MAX_PER_SIGNATURE, EvidenceStore
 from xpu_serve.analysis.timeorder import tkey as _tkey
 from xpu_serve.analysis.traceback import Step, TracebackTracker
 from xpu_serve.events import Event, kernel_message_info, parse_line
@@ -113,7 +113,7 @@ class Classifier:
                 ev,
                 (file, pid),
                 self._order,
-                lambda: self._after_carets(pid, file) or (ev.source == "vllm" and ev.level in _TB_LEVELS),
+                lambda: after_carets(self.st, pid, file) or (ev.source == "vllm" and ev.level in _TB_LEVELS),
             )
             if got.step is Step.SKIP:
                 return None
@@ -317,17 +317,7 @@ class Classifier:
             "Starting vLLM API server" not in ev.text or not ({"api", "ready"} & self.st.milestones.keys())
         ):
             return False
-        return self._has_failure(file)
-
-    def _has_failure(self, file: str) -> bool:
-        for e in (self.st.facts_hang, self.st.stall_stats):
-            if isinstance(e, Event) and e.file == file:
-                return True
-        if isinstance(self.st.stall_stats, tuple) and self.st.stall_stats[1] == file:
-            return True
-        if any(e.role == "root" and e.file == file for evs in self.st.roots.values() for e in evs):
-            return True
-        return any(g.sig.extra.get("fatal") and g.first.file == file for g in self.st.groups.values())
+        return self.st.has_failure(file)
 
     def _what_line(self, ev: Event, file: str, lineno: int, sig: Signature | None) -> None:
         """A C++ `what():` line completes the `terminate called ...` two lines above it: if it is
@@ -350,13 +340,14 @@ class Classifier:
             tev.extra["teardown"] = True
             self.st._add_consequence(tev, self.table.by_id[self._row["uncaught_cxx"]])
 
-    def _after_carets(self, pid: int | None, file: str) -> bool:
-        """The previous line of this stream (same pid, else same file) ends in Python's caret marks
-        ("    ^^^^^^^^", "~~~~^^^^"), i.e. it was the last frame's source pointer of a traceback."""
-        prev = self.st.pid_last_raw.get(pid) if pid is not None else None
-        line = prev[0] if prev is not None and prev[1] == file else self.st._last_line.get(file, "")
-        tail = line.rstrip()
-        if not tail.endswith("^"):
-            return False
-        body = tail.rstrip("^~")
-        return body == "" or body[-1] in " \t]"
+
+def after_carets(st: EvidenceStore, pid: int | None, file: str) -> bool:
+    """The previous line of this stream (same pid, else same file) ends in Python's caret marks
+    ("    ^^^^^^^^", "~~~~^^^^"), i.e. it was the last frame's source pointer of a traceback."""
+    prev = st.pid_last_raw.get(pid) if pid is not None else None
+    line = prev[0] if prev is not None and prev[1] == file else st._last_line.get(file, "")
+    tail = line.rstrip()
+    if not tail.endswith("^"):
+        return False
+    body = tail.rstrip("^~")
+    return body == "" or body[-1] in " \t]"

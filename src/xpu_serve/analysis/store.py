@@ -168,3 +168,15 @@ class EvidenceStore:
             ms["ranks"].add(rank)
         elif ev.pid is not None and len(ms["pids"]) < 1024:
             ms["pids"].add(ev.pid)
+
+    def has_failure(self, file: str) -> bool:
+        """True when failure evidence read from `file` is kept: a hang fact, a stall, a root
+        candidate, a consequence of a fatal row."""
+        for e in (self.facts_hang, self.stall_stats):
+            if isinstance(e, Event) and e.file == file:
+                return True
+        if isinstance(self.stall_stats, tuple) and self.stall_stats[1] == file:
+            return True
+        if any(e.role == "root" and e.file == file for evs in self.roots.values() for e in evs):
+            return True
+        return any(g.sig.extra.get("fatal") and g.first.file == file for g in self.groups.values())
