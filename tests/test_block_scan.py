@@ -37,14 +37,14 @@ def _log(case: Path) -> list[str]:
 def _count_quiet(an: Analyzer) -> list[int]:
     """[number of blocks read from the scan alone], kept up to date while `an` is fed."""
     n = [0]
-    real = an._quiet_block
+    real = an._quiet.read
 
     def spy(*a: Any) -> int | None:
         got = real(*a)
         n[0] += got is not None
         return got
 
-    an._quiet_block = spy  # type: ignore[method-assign]
+    an._quiet.read = spy  # type: ignore[method-assign]
     return n
 
 
@@ -100,7 +100,7 @@ def test_quiet_block_sees_the_first_answered_request() -> None:
     one.feed_lines(head + tail, "f")
     n = blk.feed_block("\n".join(head), "f", 1)
     assert not blk.ready
-    assert blk._quiet_block("\n".join(tail), "f", n + 1, []) == len(tail)
+    assert blk._quiet.read("\n".join(tail), "f", n + 1, []) == len(tail)
     assert blk.ready and one.ready
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from xpu_serve import exitcodes, facts
-from xpu_serve.diagnosis import Analyzer, diagnose_files
+from xpu_serve.diagnosis import Analyzer, Incident, diagnose_files
 from xpu_serve.events import parse_kernel_record
 from xpu_serve.report import format_ranks, render_text
 
@@ -220,9 +220,9 @@ def test_report_for_hang_and_stall() -> None:
     )
     assert "31m54s" in text
     inc = diagnose_files([CASES / "qwen3-30b-startup-stall" / "vllm.log"])
-    assert inc.startup is not None and inc.startup["missing_ranks"] == [1]
+    assert inc.startup is not None and inc.startup.missing_ranks == (1,)
     assert "ranks that did not reach ccl-init: 1" in render_text(inc)
-    assert inc.root is not None and inc.root["rank"] == 1 and inc.root["pid"] == 24905
+    assert inc.root is not None and inc.root.rank == 1 and inc.root.pid == 24905
 
 
 def test_format_ranks() -> None:
@@ -243,7 +243,7 @@ def test_live_analyzer_with_facts_and_kernel_records() -> None:
     an.add_event(facts.process_exit("Worker_TP0", 4242, 0, None, "SIGSEGV"))
     inc = an.incident()
     assert inc.cause == "process-crash" and inc.root is not None
-    assert (inc.root["process"], inc.root["rank"], inc.root["pid"], inc.root["source"]) == (
+    assert (inc.root.process, inc.root.rank, inc.root.pid, inc.root.source) == (
         "Worker_TP0",
         0,
         4242,
@@ -262,7 +262,7 @@ def test_live_analyzer_with_facts_and_kernel_records() -> None:
     an.add_event(rec2)
     inc = an.incident()
     assert inc.cause == "umd-segfault" and inc.library == "libze_intel_gpu.so.1.3.29735"
-    assert inc.root is not None and inc.root["rank"] == 0 and inc.root["pid"] == 4242
+    assert inc.root is not None and inc.root.rank == 0 and inc.root.pid == 4242
     assert any("matches the logged pid" in n for n in inc.notes)
     contract = inc.to_contract()
     json.dumps(contract)
@@ -284,8 +284,8 @@ def test_live_hang_and_startup_stall_facts() -> None:
     an.add_event(facts.hang(92, 1, 0, None, at=1_800_000_000.0))
     inc = an.incident()
     assert inc.cause == "engine-hang"
-    assert inc.hang is not None and inc.hang["last_progress"] == "11-30 08:31:00"
-    assert inc.hang["detected_by"] == "xpu-serve hang watchdog"
+    assert inc.hang is not None and inc.hang.last_progress == "11-30 08:31:00"
+    assert inc.hang.detected_by == "xpu-serve hang watchdog"
     an2 = Analyzer()
     an2.feed_line(
         "(Worker pid=11) INFO 03-26 07:01:59 [parallel_state.py:1395] world_size=2 rank=0 local_rank=0 "
@@ -294,7 +294,7 @@ def test_live_hang_and_startup_stall_facts() -> None:
     an2.add_event(facts.startup_stall(600, "dist-init", [1]))
     inc2 = an2.incident()
     assert inc2.cause == "startup-hang"
-    assert inc2.startup is not None and inc2.startup["missing_ranks"] == [1]
+    assert inc2.startup is not None and inc2.startup.missing_ranks == (1,)
 
 
 def test_memory_stays_bounded() -> None:
@@ -316,7 +316,7 @@ def test_memory_stays_bounded() -> None:
     inc = an.incident()
     assert inc.cause == "process-crash"
     assert (
-        sum(c["count"] for c in inc.consequences if c["signature"] == "ccl-kvs-broken-pipe")
+        sum(c.count for c in inc.consequences if c.signature == "ccl-kvs-broken-pipe")
         == 60_000 // 7 + 1
     )
 
@@ -541,7 +541,7 @@ def test_traceback_without_header_and_is_fatal() -> None:
     ]:
         an.feed_line(line, "w.log")
     inc = an.incident()
-    assert inc.cause == "process-exception" and inc.root is not None and inc.root["line"] == 3
+    assert inc.cause == "process-exception" and inc.root is not None and inc.root.line == 3
     ev = an.feed_line(
         "(APIServer pid=2) ERROR 05-01 10:00:03 [async_llm.py:546] vllm.v1.engine.exceptions."
         "EngineDeadError: EngineCore encountered an issue.",
@@ -644,18 +644,18 @@ def test_lines_repeated_across_files_count_once() -> None:
     every = diagnose_files(sorted((BUNDLE / "logs").iterdir()))
     assert every.cause == alone.cause == "process-crash"
     assert every.root is not None and alone.root is not None
-    assert (every.root["process"], every.root["pid"]) == (alone.root["process"], alone.root["pid"])
+    assert (every.root.process, every.root.pid) == (alone.root.process, alone.root.pid)
 
-    def counts(inc: object) -> dict[tuple[str, object], int]:
-        out: dict[tuple[str, object], int] = {}
-        for c in inc.consequences:  # type: ignore[attr-defined]
-            k = (c["signature"], c["rank"])
-            out[k] = out.get(k, 0) + c["count"]
+    def counts(inc: Incident) -> dict[tuple[str, int | None], int]:
+        out: dict[tuple[str, int | None], int] = {}
+        for c in inc.consequences:
+            k = (c.signature, c.rank)
+            out[k] = out.get(k, 0) + c.count
         return out
 
     assert counts(every) == counts(alone)
     assert sum(counts(alone).values()) == 36
-    assert "fatal-python-error" not in {c["signature"] for c in every.consequences}
+    assert "fatal-python-error" not in {c.signature for c in every.consequences}
     # repeats inside one file are real repeats: two copies of a 3-line file count 3, not 6 or 1
     an = Analyzer()
     an.dedup = True
@@ -664,7 +664,7 @@ def test_lines_repeated_across_files_count_once() -> None:
         for i in range(3):
             an.feed_line(line, f, i + 1)
     inc = an.incident()
-    assert sum(c["count"] for c in inc.consequences) == 3 and an.duplicates == 3
+    assert sum(c.count for c in inc.consequences) == 3 and an.duplicates == 3
 
 
 def test_live_summary_names_the_signal_and_keeps_the_dump_with_the_root() -> None:
@@ -694,21 +694,20 @@ def test_live_summary_names_the_signal_and_keeps_the_dump_with_the_root() -> Non
         r"Worker_TP0 \(rank 0, pid 9135\) was killed by SIGSEGV at \d\d-\d\d \d\d:\d\d:\d\d; 41 lines followed as consequences",
         inc.summary,
     ), inc.summary
-    sigs = {c["signature"] for c in inc.consequences}
+    sigs = {c.signature for c in inc.consequences}
     assert "fatal-python-error" not in sigs and ("process-killed-by-signal", 0) not in {
-        (c["signature"], c["rank"]) for c in inc.consequences
+        (c.signature, c.rank) for c in inc.consequences
     }
-    assert ("process-killed-by-signal", 1) in {(c["signature"], c["rank"]) for c in inc.consequences}
-    ev = {e["signature"] for e in inc.root_evidence}
+    assert ("process-killed-by-signal", 1) in {(c.signature, c.rank) for c in inc.consequences}
+    ev = {e.signature for e in inc.root_evidence}
     assert {"process-killed-by-signal", "worker-died-unexpectedly"} <= ev
     assert ".;" not in f"{inc.summary}; bundle /x"  # the supervisor appends "; bundle PATH"
     text = render_text(inc)
     assert "killed by SIGSEGV" in text and "\n  also vllm.log:" in text
-    assert any(t["role"] == "evidence" for t in inc.timeline)
+    assert any(t.role == "evidence" for t in inc.timeline)
 
 
 def test_report_wraps_long_text_instead_of_cutting() -> None:
-    from xpu_serve.diagnosis import Incident
     from xpu_serve.report import WIDTH
 
     note = "kernel pid 8335 (VLLM::Worker_TP) matches no pid in the vLLM log (another pid namespace, " * 3

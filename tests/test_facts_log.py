@@ -102,7 +102,7 @@ def test_diagnose_with_the_facts_log_gives_the_live_verdict(tmp_path: Path) -> N
             live.add_event(ev)
     want = live.incident()
     assert want.trigger_signal == "SIGSEGV"  # from the worker's own dump (analysis/supervised.py)
-    assert want.root is not None and (want.root["process"], want.root["pid"]) == ("Worker_TP0", 7092)
+    assert want.root is not None and (want.root.process, want.root.pid) == ("Worker_TP0", 7092)
     got = diagnose_files([str(CASE), str(log.path)])
     assert got.to_contract() == want.to_contract()
     assert got.trigger_signal == "SIGSEGV"

@@ -60,4 +60,4 @@ def test_verdict_from_a_docker_json_file_log() -> None:
     for i, obj in enumerate(lines, 1):
         an.feed_line(json.dumps({**obj, "stream": "stderr", "time": "2026-05-08T11:47:02Z"}), "c.json.log", i)
     inc = an.incident()
-    assert inc.cause == "device-lost" and inc.root is not None and inc.root["pid"] == 2674
+    assert inc.cause == "device-lost" and inc.root is not None and inc.root.pid == 2674

@@ -34,16 +34,16 @@ def _incident(lines: list[str]):  # type: ignore[no-untyped-def]
 def test_kill_after_a_worker_death_is_a_consequence(kill: str) -> None:
     inc = _incident([*HEAD, DIED, DEAD, kill])
     assert inc.cause == "process-crash"
-    assert inc.root is not None and (inc.root["process"], inc.root["line"]) == ("Worker_TP0", 3)
-    assert any(c["line"] == 5 for c in inc.consequences)
+    assert inc.root is not None and (inc.root.process, inc.root.line) == ("Worker_TP0", 3)
+    assert any(c.line == 5 for c in inc.consequences)
 
 
 def test_kill_with_no_earlier_death_stays_the_root() -> None:
     inc = _incident([*HEAD, "./run.sh: line 12: 7700 Killed                  vllm serve /models/x"])
-    assert inc.cause == "process-crash" and inc.root is not None and inc.root["line"] == 3
+    assert inc.cause == "process-crash" and inc.root is not None and inc.root.line == 3
 
 
 def test_a_crash_signal_report_is_not_dropped() -> None:
     # a segfault the launcher reports is a crash of its own, not vLLM's shutdown kill
     inc = _incident([*HEAD, DIED, "./run.sh: line 12: 7700 Segmentation fault      (core dumped) vllm serve /models/x"])
-    assert inc.root is not None and inc.root["line"] == 4
+    assert inc.root is not None and inc.root.line == 4

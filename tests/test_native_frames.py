@@ -49,7 +49,7 @@ SIGFRAME = '  File "./signal/../sysdeps/unix/sysv/linux/x86_64/libc_sigaction.c"
 
 def test_dump_whose_first_frame_is_a_driver_symbol_is_umd_segfault() -> None:
     inc = _feed([DUMP, SIGFRAME, '  File "<unknown>", line 0, in cuMemCreate', '  File "misc/cudawrap.cc", line 92, in ncclCuMemHostEnable()'])
-    assert inc.cause == "umd-segfault" and inc.root is not None and inc.root["line"] == 1
+    assert inc.cause == "umd-segfault" and inc.root is not None and inc.root.line == 1
 
 
 def test_dump_named_by_library_path_sets_library() -> None:

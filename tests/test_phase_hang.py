@@ -34,4 +34,4 @@ def test_rpc_timeout_during_startup_is_the_detector_of_a_startup_hang() -> None:
     rpc = "(EngineCore_DP0 pid=2674) ERROR 04-14 23:05:01 [core.py:938] TimeoutError: RPC call to determine_available_memory timed out."
     inc = _incident([LOADED, WAIT, rpc])
     assert inc.cause == "startup-hang"
-    assert inc.hang is not None and inc.hang["detected_by"].startswith("vLLM execute-model RPC timeout")
+    assert inc.hang is not None and (inc.hang.detected_by or "").startswith("vLLM execute-model RPC timeout")

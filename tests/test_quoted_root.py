@@ -36,7 +36,7 @@ def _verdict(lines: list[str], table=None):  # type: ignore[no-untyped-def]
 def test_watchdog_takes_the_quoted_cause(quoted: str, cause: str) -> None:
     inc = _verdict([WATCHDOG.format(quoted=quoted)])
     assert inc.cause == cause
-    assert inc.root is not None and inc.root["rank"] == 1 and inc.root["line"] == 1
+    assert inc.root is not None and inc.root.rank == 1 and inc.root.line == 1
 
 
 def test_watchdog_without_a_named_error_stays_a_consequence() -> None:

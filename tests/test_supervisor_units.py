@@ -265,6 +265,7 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     """EngineCore reaps a worker before the supervisor reads its status (no proc connector in a
     container): the verdict's root, the worker's own unprefixed crash dump in the real
     cpu-tp2-worker0-segv log, names the signal. Another process, or a known status, is left alone."""
+    from xpu_serve.analysis.incident import Root
     from xpu_serve.analysis.supervised import signal_from_root
     from xpu_serve.diagnosis import Analyzer, diagnose_files
     from xpu_serve.facts import trigger
@@ -272,35 +273,35 @@ def test_signal_of_an_unknown_exit_status_comes_from_its_own_crash_dump() -> Non
     from xpu_serve.signatures import load_table
 
     real = Path(__file__).parent / "fixtures" / "cases" / "cpu-tp2-worker0-segv" / "vllm.log"
-    contract = diagnose_files([real]).to_contract()
-    root = contract["root"]
-    assert root["process"] == "Worker_TP0"
-    assert root["text"] == "!!!!!!! Segfault encountered !!!!!!!"
+    root = diagnose_files([real]).root
+    assert root is not None and root.process == "Worker_TP0"
+    assert root.text == "!!!!!!! Segfault encountered !!!!!!!"
     table = load_table()
 
     def trig(**kw: object) -> Trigger:
         base: dict[str, object] = dict(kind="process-exit", detail="d", at=0.0, process="Worker_TP0", rank=0,
-                                       pid=root["pid"])
+                                       pid=root.pid)
         base.update(kw)
         return Trigger(**base)  # type: ignore[arg-type]
 
     assert signal_from_root(root, trig(), table) == "SIGSEGV"
     assert signal_from_root(root, trig(exit_code=1), table) is None  # the status is known
     assert signal_from_root(root, trig(signal="SIGKILL"), table) is None
-    other = trig(process="Worker_TP1", rank=1, pid=(root["pid"] or 0) + 1)
+    other = trig(process="Worker_TP1", rank=1, pid=(root.pid or 0) + 1)
     assert signal_from_root(root, other, table) is None  # not the root's process
     assert signal_from_root(root, trig(kind="health"), table) is None
-    faulthandler = {"process": "EngineCore", "pid": 9, "text": "Fatal Python error: Aborted"}
+    faulthandler = Root("vllm", "EngineCore", None, 9, None, None, None, "Fatal Python error: Aborted")
     assert signal_from_root(faulthandler, trig(process="EngineCore", pid=9), table) == "SIGABRT"
-    assert signal_from_root({"process": "Worker_TP0", "pid": None, "text": "ValueError: x"}, trig(), table) is None
+    plain = Root("vllm", "Worker_TP0", 0, None, None, None, None, "ValueError: x")
+    assert signal_from_root(plain, trig(), table) is None
 
     # the trigger fed as a fact: the analysis itself completes the verdict
     an = Analyzer()
     an.add_event(trigger("process-exit", "Worker_TP0 died: exit status unknown", 0.0,
-                         {"process": "Worker_TP0", "rank": 0, "pid": root["pid"]}))
+                         {"process": "Worker_TP0", "rank": 0, "pid": root.pid}))
     inc = diagnose_files([real], analyzer=an)
     assert inc.trigger_signal == "SIGSEGV"
-    assert f"Worker_TP0 (pid {root['pid']}): exit status not seen by the supervisor; signal SIGSEGV taken " \
+    assert f"Worker_TP0 (pid {root.pid}): exit status not seen by the supervisor; signal SIGSEGV taken " \
         "from its crash dump" in inc.notes
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xpu_serve.analysis.incident import Root, RootEvidence
 from xpu_serve.diagnosis import Incident
 
 WIDTH = 118
@@ -77,10 +78,10 @@ def format_ranks(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def _where(d: dict[str, Any], files: PathMap | None = None) -> str:
-    if d.get("file") is None:
+def _where(d: Root | RootEvidence, files: PathMap | None = None) -> str:
+    if d.file is None:
         return "(live)"
-    return f"{files(d['file']) if files else d['file']}:{d['line']}"
+    return f"{files(d.file) if files else d.file}:{d.line}"
 
 
 def _cut_keeping_where(line: str, n: int) -> str:
@@ -138,15 +139,15 @@ def _root_lines(inc: Incident, width: int, files: PathMap | None) -> list[str]:
     who = ", ".join(
         x
         for x in (
-            r.get("process") or None,
-            f"rank {r['rank']}" if r.get("rank") is not None else None,
-            f"pid {r['pid']}" if r.get("pid") is not None else None,
-            f"at {r['time']}" if r.get("time") else None,
+            r.process or None,
+            f"rank {r.rank}" if r.rank is not None else None,
+            f"pid {r.pid}" if r.pid is not None else None,
+            f"at {r.time}" if r.time else None,
         )
         if x
     )
     out = [f"ROOT CAUSE: {inc.root_label or inc.cause}" + (f" ({who})" if who else "")]
-    out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
+    out.extend(_wrap(r.text or "", width, f"  {_where(r, files)}: ", "    ", max_lines=3))
     if inc.meaning:
         out.extend(_wrap(inc.meaning, width, "  ", "  "))
     if inc.library:
@@ -154,8 +155,8 @@ def _root_lines(inc: Incident, width: int, files: PathMap | None) -> list[str]:
     for e in inc.root_evidence[:4]:
         # the same death recorded elsewhere (the supervisor's exit fact, EngineCore's report)
         where = _where(e, files).replace("(live)", "live")
-        when = f"{e['time']} " if e.get("time") else ""
-        out.extend(_wrap(f"{when}{e.get('text') or ''}", width, f"  also {where}: ", "    ", max_lines=2))
+        when = f"{e.time} " if e.time else ""
+        out.extend(_wrap(f"{when}{e.text or ''}", width, f"  also {where}: ", "    ", max_lines=2))
     return out
 
 
@@ -164,21 +165,20 @@ def _hang_lines(inc: Incident, width: int) -> list[str]:
     if not inc.hang:
         return []
     h = inc.hang
-    delay = h.get("delay_s")
     d = ""
-    if isinstance(delay, (int, float)):
-        m, s = divmod(int(delay), 60)
+    if h.delay_s is not None:
+        m, s = divmod(int(h.delay_s), 60)
         d = f"; {m}m{s:02d}s without progress before detection"
     det = " ".join(
         x
         for x in (
-            f"at {h['detected_at']}" if h.get("detected_at") else "",
-            f"by {h['detected_by']}" if h.get("detected_by") else "",
+            f"at {h.detected_at}" if h.detected_at else "",
+            f"by {h.detected_by}" if h.detected_by else "",
         )
         if x
     )
     return _wrap(
-        f"last progress {h.get('last_progress') or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
+        f"last progress {h.last_progress or 'unknown'}; detected {det or '(time and detector unknown)'}{d}",
         width,
         "HANG: ",
         "      ",
@@ -190,9 +190,9 @@ def _startup_lines(inc: Incident) -> list[str]:
     if not inc.startup:
         return []
     su = inc.startup
-    miss = su.get("missing_ranks") or []
-    extra = f"; ranks that did not reach {su.get('missing_phase')}: {format_ranks(miss)}" if miss else ""
-    return [f"START-UP: last milestone reached: {su.get('last_milestone')}{extra}"]
+    miss = list(su.missing_ranks)
+    extra = f"; ranks that did not reach {su.missing_phase}: {format_ranks(miss)}" if miss else ""
+    return [f"START-UP: last milestone reached: {su.last_milestone}{extra}"]
 
 
 def _consequence_lines(inc: Incident, width: int, files: PathMap | None) -> list[str]:
@@ -215,17 +215,15 @@ def _timeline_lines(inc: Incident, width: int) -> list[str]:
         return []
     out = ["", "TIMELINE:"]
     for t in inc.timeline[:15]:
-        who = t.get("process") or ""
-        if not who and t.get("rank") is not None:
-            who = f"rank {t['rank']}"
+        who = t.process or ""
+        if not who and t.rank is not None:
+            who = f"rank {t.rank}"
         elif not who:
-            who = "(no prefix)" if t.get("source") == "vllm" else str(t.get("source") or "")
-        elif t.get("rank") is not None and not str(who).endswith(str(t["rank"])):
-            who = f"{who}/r{t['rank']}"
-        mark = {"root": ">>", "evidence": " +"}.get(str(t.get("role")), "  ")
-        out.append(
-            f" {mark} {str(t.get('time') or '-'):>19}  {_cut(str(who), 14):<14} {_cut(t.get('text') or '', width - 42)}"
-        )
+            who = "(no prefix)" if t.source == "vllm" else str(t.source or "")
+        elif t.rank is not None and not who.endswith(str(t.rank)):
+            who = f"{who}/r{t.rank}"
+        mark = {"root": ">>", "evidence": " +"}.get(str(t.role), "  ")
+        out.append(f" {mark} {t.time or '-':>19}  {_cut(who, 14):<14} {_cut(t.text or '', width - 42)}")
     return out
 
 
@@ -272,7 +270,7 @@ def render_compact(inc: Incident, width: int = 100, files: PathMap | None = None
     r = inc.root
     if r:
         out.append(_cut(f"ROOT CAUSE: {inc.root_label or inc.cause}", width))
-        out.extend(_wrap(r.get("text") or "", width, f"  {_where(r, files)}: ", "    ", max_lines=2))
+        out.extend(_wrap(r.text or "", width, f"  {_where(r, files)}: ", "    ", max_lines=2))
     cons = group_consequences(inc, files)
     if cons:
         out.append("WHAT FOLLOWED (consequences, not causes):")

@@ -21,7 +21,7 @@
   detectors: what detected it), fatal (vLLM is dead or exiting after this line: the supervisor
   fails the incarnation on it even when the row is a consequence);
   opens_burst (a GPU driver's own fault record that opens a burst of kernel records: the page
-  fault before the job timeout, reset and wedge that follow it; see analysis/verdict.py _primary_gpu_fault);
+  fault before the job timeout, reset and wedge that follow it; see analysis/rootdeath.py primary_gpu_fault);
   codes ({table, class}: the pattern's `{codes}` is replaced by an alternation of the keys of
   `data/<table>.yaml` whose entry has that `class`, e.g. the NVIDIA Xids of one class in
   `data/nvidia_xid.yaml`: knowledge keyed by a number stays one table, not one row per number);

@@ -11,7 +11,7 @@ pass finds, in one call into the automaton (ahocorasick-rs):
 `Scan.quiet`: nothing but stats lines was found. Then `explain_pids` counts the known process
 prefixes at line starts ("\\n(Worker_TP1 pid=7987)", C-level str.count): when every " pid=" of the
 block lies in one, the analysis sets its per-line state (the last line of each process, stats)
-from the scan alone (`diagnosis.Analyzer._quiet_block`). Otherwise the block takes the per-line
+from the scan alone (analysis/quiet.py `QuietBlocks.read`). Otherwise the block takes the per-line
 loop, given the trigger lines found here (`Scan.trigger_lines`).
 """
 

@@ -1,15 +1,25 @@
-"""The verdict contract at the edge: kept events turned into the `--json` contract's parts
-(root, consequence groups, timeline, summary; /work/shared/cases/README.md). Everything before
-this works on `Event`s and `Group`s."""
+"""The verdict's parts made from kept events (root, consequence groups, timeline, summary), and
+the edge: `incident_json`, the only place the typed `Incident` becomes the `--json` verdict
+contract (/work/shared/cases/README.md "The verdict contract")."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import cmp_to_key
 from typing import Any
 
 from xpu_serve.analysis.deaths import death_signal
-from xpu_serve.analysis.incident import Group, Incident
-from xpu_serve.analysis.subject import SubjectMixin
+from xpu_serve.analysis.incident import (
+    Consequence,
+    Group,
+    Hang,
+    Incident,
+    Root,
+    RootEvidence,
+    TimelineItem,
+)
+from xpu_serve.analysis.store import EvidenceStore
+from xpu_serve.analysis.subject import Subjects
 from xpu_serve.analysis.timeorder import boot, cmp_time
 from xpu_serve.events import Event
 
@@ -28,43 +38,36 @@ PHASES = (
 )
 
 
-class ContractMixin(SubjectMixin):
-    """Contract output of the analysis (see the module docstring)."""
+class Parts:
+    """The verdict's parts made from the events kept in the evidence store `st`, each attributed
+    by `subj` (see the module docstring)."""
 
-    def _contract_event(
-        self, ev: Event, proc: str | None, rank: int | None, pid: int | None
-    ) -> dict[str, Any]:
-        return {
-            "source": ev.source
-            if ev.source in ("vllm", "ccl", "kernel", "process", "health")
-            else ("health" if ev.source == "supervisor" else "vllm"),
-            "process": proc,
-            "rank": rank,
-            "pid": pid,
-            "time": ev.time_text,
-            "file": ev.file,
-            "line": ev.line,
-            "text": ev.text.strip()[:2000],
-        }
+    __slots__ = ("st", "subj")
 
-    def _consequence_groups(
+    def __init__(self, st: EvidenceStore, subj: Subjects) -> None:
+        self.st, self.subj = st, subj
+
+    def root_of(self, ev: Event, proc: str | None, rank: int | None, pid: int | None) -> Root:
+        return Root(contract_source(ev), proc, rank, pid, ev.time_text, ev.file, ev.line, ev.text.strip()[:2000])
+
+    def consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
     ) -> list[Group]:
         """What followed the root, counted per (signature, process, rank) in time order: the
         store's consequence groups, the root candidates that lost and the demoted ones (not the
         root, not `skip`: the root's own evidence)."""
         groups: dict[tuple[str, str | None, int | None], Group] = {
-            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.groups.items()
+            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.st.groups.items()
         }
         # root candidates that lost are consequences of the root
         seen_ids = set()
-        for sid, evs in self.roots.items():
+        for sid, evs in self.st.roots.items():
             for ev in evs:
                 if ev is root or ev.role != "root" or id(ev) in skip:
                     continue
                 seen_ids.add(id(ev))
                 self._add_to(groups, ev, sid)
-            extra = self.root_counts.get(sid, 0) - len(evs)
+            extra = self.st.root_counts.get(sid, 0) - len(evs)
             if extra > 0 and evs:
                 k = next((k for k in groups if k[0] == sid), None)
                 if k is not None:
@@ -77,17 +80,17 @@ class ContractMixin(SubjectMixin):
         return out
 
     def _add_to(self, groups: dict[tuple[str, str | None, int | None], Group], ev: Event, sid: str) -> None:
-        proc, rank, pid = self._subject(ev, [], link=False)
+        proc, rank, pid = self.subj.subject(ev, [], link=False)
         key = (sid, proc, rank)
         g = groups.get(key)
         if g is None:
-            groups[key] = Group(self.table.by_id[sid], proc, rank, pid, ev, 1)
+            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1)
         else:
             g.count += 1
 
-    def _timeline(
+    def timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[TimelineItem]:
         """At most TIMELINE_MAX contract items in causal order: warning signs and progress, the
         root, then its evidence and what followed (each part in time order where clocks compare,
         else input order)."""
@@ -127,34 +130,33 @@ class ContractMixin(SubjectMixin):
         add(root)
         for e in evidence_events:
             add(e)
-        for sid, evs in self.precursors.items():
-            if sid in self._set["not_hang_detection"]:
+        for sid, evs in self.st.precursors.items():
+            if sid in self.st._set["not_hang_detection"]:
                 continue
             add(evs[0])
             if len(evs) > 1:
                 add(evs[-1])
-        add(self.last_progress)
-        add(self.stall_stats)
+        add(self.st.last_progress)
+        add(self.st.stall_stats)
         first_by_sig: dict[str, Event] = {}
-        for g in self.groups.values():
+        for g in self.st.groups.values():
             cur = first_by_sig.get(g.sig.id)
             if cur is None or cmp_time(g.first, cur) < 0:
                 first_by_sig[g.sig.id] = g.first
         for ev in first_by_sig.values():
             add(ev)
-        for evs in self.roots.values():
+        for evs in self.st.roots.values():
             for ev in evs[:2]:
                 add(ev)
-        if not self.ready and self.milestones:
+        if not self.st.ready and self.st.milestones:
             order = {p: i for i, p in enumerate(PHASES)}
-            for ph in sorted(self.milestones, key=lambda p: order.get(p, -1))[-4:]:
-                add(self.milestones[ph]["first"])
-                add(self.milestones[ph]["last"])
+            for ph in sorted(self.st.milestones, key=lambda p: order.get(p, -1))[-4:]:
+                add(self.st.milestones[ph]["first"])
+                add(self.st.milestones[ph]["last"])
         return items
 
-    def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> dict[str, Any]:
-        proc, rank, pid = self._subject(ev, [], link=ev is root)
-        d = self._contract_event(ev, proc, rank, pid)
+    def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> TimelineItem:
+        proc, rank, pid = self.subj.subject(ev, [], link=ev is root)
         role: str | None
         if ev is root:
             role = "root"
@@ -162,31 +164,22 @@ class ContractMixin(SubjectMixin):
             role = "evidence"
         else:
             role = ev.role if ev.role != "root" else "consequence"
-        return {
-            "time": d["time"],
-            "source": d["source"],
-            "process": proc,
-            "rank": rank,
-            "pid": pid,
-            "role": role,
-            "signature": ev.signature,
-            "file": ev.file,
-            "line": ev.line,
-            "text": d["text"][:300],
-        }
+        return TimelineItem(
+            ev.time_text, contract_source(ev), proc, rank, pid, role, ev.signature, ev.file, ev.line, ev.text.strip()[:300]
+        )
 
-    def _summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
+    def summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
         """One plain sentence without a final period (callers append "; bundle ..."): who (process,
         rank, pid), what happened (the signal it was killed by, from the root or its evidence),
         when, and how many lines followed as consequences."""
-        r = inc.root or {}
+        r = inc.root
         recs = [e for e in [root, *(evidence or [])] if e is not None]
         parts = [
-            f"rank {r['rank']}" if r.get("rank") is not None else None,
-            f"pid {r['pid']}" if r.get("pid") is not None else None,
+            f"rank {r.rank}" if r is not None and r.rank is not None else None,
+            f"pid {r.pid}" if r is not None and r.pid is not None else None,
         ]
         ids = ", ".join(x for x in parts if x)
-        who = str(r.get("process") or "A process") + (f" ({ids})" if ids else "")
+        who = str((r.process if r is not None else None) or "A process") + (f" ({ids})" if ids else "")
         # a multi-node group: the head records a follower's death with its node (group/watcher.py)
         node = next((e.extra["node_rank"] for e in recs if isinstance(e.extra.get("node_rank"), int)), None)
         if node is not None:
@@ -195,7 +188,7 @@ class ContractMixin(SubjectMixin):
         where = ""
         if t_ev is not None:
             where = f" at {t_ev.time_text}" + (" s after boot" if boot(t_ev) is not None else "")
-        n = sum(c["count"] for c in inc.consequences)
+        n = sum(c.count for c in inc.consequences)
         follow = (
             (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
             if n
@@ -210,7 +203,7 @@ class ContractMixin(SubjectMixin):
             how = f"was killed by {signal}" if signal else "crashed"
             return f"{who} {how} inside the GPU driver library {inc.library or '?'}{where}{follow}"
         if c == "gpu-fault":
-            on = f" in {who}" if r.get("process") or r.get("pid") is not None else ""
+            on = f" in {who}" if r is not None and (r.process or r.pid is not None) else ""
             return f"The GPU driver reported a device fault ({label}){on}{where}{follow}"
         if c == "engine-hang":
             return _hang_summary(inc) + follow
@@ -232,28 +225,76 @@ class ContractMixin(SubjectMixin):
         )
         if code is not None:
             return f" exited with code {code}"
-        if root is not None and root.signature in self._set["worker_death_reports"]:
+        if root is not None and root.signature in self.st._set["worker_death_reports"]:
             return " died unexpectedly (reported by EngineCore)"
         return f" died ({label})"
 
 
 def _hang_summary(inc: Incident) -> str:
-    h = inc.hang or {}
-    after = f" after {h['last_progress']}" if h.get("last_progress") else ""
-    by = f"; {h['detected_by']} detected it" if h.get("detected_by") else ""
-    at = f" at {h['detected_at']}" if h.get("detected_at") else ""
+    h = inc.hang or Hang(None, None, None)
+    after = f" after {h.last_progress}" if h.last_progress else ""
+    by = f"; {h.detected_by} detected it" if h.detected_by else ""
+    at = f" at {h.detected_at}" if h.detected_at else ""
     return f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}"
 
 
 def _startup_summary(inc: Incident) -> str:
-    s = inc.startup or {}
-    miss = s.get("missing_ranks") or []
+    s = inc.startup
+    miss = s.missing_ranks if s is not None else ()
     ranks = (
-        f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach {s.get('missing_phase')}"
-        if miss
+        f"; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} did not reach {s.missing_phase}"
+        if s is not None and miss
         else ""
     )
-    if not s.get("last_milestone") and inc.hang and inc.hang.get("detected_by"):
+    if s is None and inc.hang is not None and inc.hang.detected_by:
         h = inc.hang
-        return f"Start-up stalled: {h['detected_by']} (last at {h.get('detected_at') or '?'})"
-    return f"Start-up stalled after phase {s.get('last_milestone') or '?'}{ranks}"
+        return f"Start-up stalled: {h.detected_by} (last at {h.detected_at or '?'})"
+    return f"Start-up stalled after phase {(s.last_milestone if s is not None else None) or '?'}{ranks}"
+
+
+_SOURCES = frozenset(("vllm", "ccl", "kernel", "process", "health"))
+
+
+def contract_source(ev: Event) -> str:
+    """The contract's `source` of an event: vllm, ccl, kernel, process or health (the
+    supervisor's own facts are health; anything else read from a log is vllm)."""
+    if ev.source in _SOURCES:
+        return ev.source
+    return "health" if ev.source == "supervisor" else "vllm"
+
+
+def _flat(part: Root | RootEvidence | Consequence | TimelineItem | Hang) -> dict[str, Any]:
+    """A part's fields in the contract's order (the dataclass's), nested parts left out."""
+    return {f.name: getattr(part, f.name) for f in fields(part) if f.name != "evidence"}
+
+
+def root_json(r: Root) -> dict[str, Any]:
+    """{source, process, rank, pid, time, file, line, text}, and `evidence` (each {signature,
+    label, time, file, line, text}) once looked for."""
+    out = _flat(r)
+    if r.evidence is not None:
+        out["evidence"] = [_flat(e) for e in r.evidence]
+    return out
+
+
+def hang_json(h: Hang) -> dict[str, Any]:
+    """{last_progress, detected_at, detected_by}, and delay_s, no_progress_since,
+    first_wait_warning where known."""
+    return {k: v for k, v in _flat(h).items() if v is not None or k in _HANG_ALWAYS}
+
+
+_HANG_ALWAYS = ("last_progress", "detected_at", "detected_by")
+
+
+def incident_json(inc: Incident) -> dict[str, Any]:
+    """The JSON verdict: {cause, summary, root, consequences, timeline, hang, library, notes}."""
+    return {
+        "cause": inc.cause,
+        "summary": inc.summary,
+        "root": root_json(inc.root) if inc.root is not None else None,
+        "consequences": [_flat(c) for c in inc.consequences],
+        "timeline": [_flat(t) for t in inc.timeline],
+        "hang": hang_json(inc.hang) if inc.hang is not None else None,
+        "library": inc.library,
+        "notes": list(inc.notes),
+    }

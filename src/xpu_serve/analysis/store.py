@@ -9,6 +9,7 @@ feeding and classification in `diagnosis.Analyzer`, read by the verdict (analysi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
@@ -53,11 +54,11 @@ class EvidenceStore:
         self.last_stats: Any = None
         self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
         self.facts_hang: Event | None = None
-        # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
+        # a GPU driver's own fault records (rows with opens_burst): see rootdeath.primary_gpu_fault
         self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,
         # incident): the state of the last failed incarnation before the latest restart
-        self._earlier: Any = None
+        self._earlier: EvidenceStore | None = None
         # the supervisor's trigger (facts.trigger), when one was read: analysis/supervised.py
         self.trigger: Trigger | None = None
         self._restart_at: tuple[str, int] | None = None
@@ -108,3 +109,74 @@ class EvidenceStore:
         if t is not None:
             ev.extra["_tkey"] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
         return ev
+
+    def note_stats(self, m: re.Match[str], raw: tuple[str, str, int] | None, ev: Event | None) -> None:
+        """A periodic stats line: progress when prompt or generation throughput is non-zero;
+        a stall when requests are running or waiting and both are zero. Stored as the raw line
+        (parsed again only for the verdict) so the fast path stays cheap."""
+        self.ready = True
+        try:
+            p = float(m.group("prompt_tps") or 0)
+            g = float(m.group("gen_tps") or 0)
+            running = int(m.group("running") or 0) + int(m.group("waiting") or 0)
+        except (ValueError, IndexError):
+            return
+        ref: Any = ev if ev is not None else raw
+        self.last_stats = ref
+        if p > 0 or g > 0:
+            self.last_progress = ref
+            self.stall_stats = None
+        elif running > 0 and self.stall_stats is None:
+            self.stall_stats = ref
+
+    def note_milestone(self, ev: Event, sig: Signature, gd: dict[str, Any]) -> None:
+        """A progress row: a stats line (`note_stats`), the ready line, or a start-up phase
+        reached (per phase: first and last event, the ranks, or the pids of unknown rank)."""
+        phase = sig.phase
+        if phase == "serving":  # stats line
+            m = sig.pattern.search(ev.text)
+            if m:
+                self.note_stats(m, None, ev)
+            return
+        if phase == "ready":
+            self.ready = True
+        if phase is None:
+            return
+        rank = ev.rank
+        if "rank" in gd and gd["rank"] is not None:
+            rank = int(gd["rank"])
+            if ev.pid is not None:
+                self.pid_rank.setdefault(ev.pid, rank)
+        if "world_size" in gd and gd["world_size"]:
+            self.world_size = int(gd["world_size"])
+        if rank is None and ev.pid is not None:
+            rank = self.pid_rank.get(ev.pid)
+        ms = self.milestones.get(phase)
+        if ms is None:
+            ms = self.milestones[phase] = {
+                "ranks": set(),
+                "first": ev,
+                "last": ev,
+                "per_rank": sig.per_rank,
+                "sig": sig,
+                "pids": set(),
+            }
+        ms["last"] = ev
+        if sig.per_rank:
+            ms["per_rank"] = True
+        if rank is not None:
+            ms["ranks"].add(rank)
+        elif ev.pid is not None and len(ms["pids"]) < 1024:
+            ms["pids"].add(ev.pid)
+
+    def has_failure(self, file: str) -> bool:
+        """True when failure evidence read from `file` is kept: a hang fact, a stall, a root
+        candidate, a consequence of a fatal row."""
+        for e in (self.facts_hang, self.stall_stats):
+            if isinstance(e, Event) and e.file == file:
+                return True
+        if isinstance(self.stall_stats, tuple) and self.stall_stats[1] == file:
+            return True
+        if any(e.role == "root" and e.file == file for evs in self.roots.values() for e in evs):
+            return True
+        return any(g.sig.extra.get("fatal") and g.first.file == file for g in self.groups.values())

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from xpu_serve.analysis.deaths import death_signal
-from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.incident import Incident, Root
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Trigger
 from xpu_serve.signatures import SignatureTable
@@ -125,27 +125,21 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def signal_from_root(root: dict[str, Any] | None, trig: Trigger, table: SignatureTable) -> str | None:
+def signal_from_root(root: Root | None, trig: Trigger, table: SignatureTable) -> str | None:
     """The signal ("SIGSEGV"...) a process-exit trigger of unknown status died by, as its own
     crash dump says, or None.
 
     Only when the trigger is a process exit with neither code nor signal known, and the verdict's
-    root (contract shape: process, pid, text, evidence) is that same process (by pid, or by name
-    when the root has no pid, as for an unprefixed dump the analysis attributed to it), and the
-    root's text or one of its evidence lines is a crash dump the signature table reads a signal
-    name from (`signame`: "Fatal Python error: Segmentation fault", "!!!!!!! Segfault encountered
-    !!!!!!!"; `deaths.death_signal` maps it)."""
-    if trig.kind != "process-exit" or trig.signal is not None or trig.exit_code is not None:
+    root is that same process (by pid, or by name when the root has no pid, as for an unprefixed
+    dump the analysis attributed to it), and the root's text or one of its evidence lines is a
+    crash dump the signature table reads a signal name from (`signame`: "Fatal Python error:
+    Segmentation fault", "!!!!!!! Segfault encountered !!!!!!!"; `deaths.death_signal` maps it)."""
+    if trig.kind != "process-exit" or trig.signal is not None or trig.exit_code is not None or root is None:
         return None
-    if not isinstance(root, dict):
-        return None
-    same = root.get("pid") == trig.pid if root.get("pid") is not None else root.get("process") == trig.process
+    same = root.pid == trig.pid if root.pid is not None else root.process == trig.process
     if not same:
         return None
-    texts = [root.get("text")] + [e.get("text") for e in root.get("evidence") or [] if isinstance(e, dict)]
-    for text in texts:
-        if not isinstance(text, str):
-            continue
+    for text in [root.text, *(e.text for e in root.evidence or ())]:
         ev = Event(source="vllm", text=text, raw=text)
         m = table.match(ev)
         if m is None or "signame" not in m[1].groupdict():
