@@ -86,7 +86,7 @@ def test_gdb_core_file_frame_in_libcuda_is_umd_segfault() -> None:
         "#3  0x00007f59b9f57d0d in cuEventRecord ()",
     ])
     assert (inc.cause, inc.library) == ("umd-segfault", "libcuda.so.1")
-    assert inc.root is not None and inc.root["line"] == 2
+    assert inc.root is not None and inc.root.line == 2
 
 
 def test_gdb_stop_outside_gpu_runtime_stays_process_crash() -> None:

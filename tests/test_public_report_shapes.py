@@ -25,7 +25,7 @@ def test_go_server_permission_denied_under_catalog_dashes_is_config_error() -> N
         ]
     )
     assert inc.cause == "config-error"
-    assert inc.root is not None and inc.root["line"] == 2 and inc.root["pid"] == 3156758
+    assert inc.root is not None and inc.root.line == 2 and inc.root.pid == 3156758
 
 
 def test_permission_denied_needs_the_error_prefix_and_a_path_operation() -> None:
@@ -46,7 +46,7 @@ def test_ray_driver_node_check_in_the_engine_log_is_config_error() -> None:
             "ERROR 02-09 02:31:11 engine.py:389]     engine = MQLLMEngine.from_engine_args(engine_args=engine_args,",
         ]
     )
-    assert inc.cause == "config-error" and inc.root is not None and inc.root["line"] == 1
+    assert inc.cause == "config-error" and inc.root is not None and inc.root.line == 1
 
 
 def test_torch_nccl_error_code_inside_a_rank_traceback_is_collective_failure() -> None:
@@ -60,7 +60,7 @@ def test_torch_nccl_error_code_inside_a_rank_traceback_is_collective_failure() -
             "[rank0]: RuntimeError: NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details)",
         ]
     )
-    assert inc.cause == "collective-failure" and inc.root is not None and inc.root["line"] == 4
+    assert inc.cause == "collective-failure" and inc.root is not None and inc.root.line == 4
 
 
 def test_sglang_scheduler_watchdog_on_two_dp_ranks_is_engine_hang() -> None:
@@ -75,7 +75,7 @@ def test_sglang_scheduler_watchdog_on_two_dp_ranks_is_engine_hang() -> None:
         ]
     )
     assert inc.cause == "engine-hang"
-    assert inc.root is not None and inc.root["line"] == 2 and inc.root["rank"] == 0
+    assert inc.root is not None and inc.root.line == 2 and inc.root.rank == 0
 
 
 def test_tokenizer_manager_watchdog_is_not_the_scheduler_s() -> None:
@@ -95,7 +95,7 @@ def test_error_before_the_sglang_watchdog_stays_the_root() -> None:
             "[2025-04-03 20:06:34 TP0] Watchdog timeout (self.watchdog_timeout=300)",
         ]
     )
-    assert inc.cause == "collective-failure" and inc.root is not None and inc.root["rank"] == 1
+    assert inc.cause == "collective-failure" and inc.root is not None and inc.root.rank == 1
 
 
 def test_launcher_raising_server_terminated_unexpectedly_is_process_crash() -> None:
@@ -109,7 +109,7 @@ def test_launcher_raising_server_terminated_unexpectedly_is_process_crash() -> N
             "RuntimeError: Server process terminated unexpectedly with code 1",
         ]
     )
-    assert inc.cause == "process-crash" and inc.root is not None and inc.root["line"] == 4
+    assert inc.cause == "process-crash" and inc.root is not None and inc.root.line == 4
 
 
 def test_vllm_error_before_the_launcher_report_is_the_root() -> None:
@@ -120,4 +120,4 @@ def test_vllm_error_before_the_launcher_report_is_the_root() -> None:
             "│ ✗ Server process terminated unexpectedly                                        │",
         ]
     )
-    assert inc.cause == "config-error" and inc.root is not None and inc.root["line"] == 1
+    assert inc.cause == "config-error" and inc.root is not None and inc.root.line == 1
