@@ -219,17 +219,16 @@ class ReadinessWatcher:
         served = e.served_model_name or e.model
         poll = min(0.25, sv.health.interval_s)
         self.last_probe = "no probe yet"
-        async with health_src.make_client(sv.health.timeout_s, e.api_key) as client:
-            while True:
-                ok, self.last_probe = await health_src.probe_ready(client, url, served)
-                if ok:
-                    break
-                await asyncio.sleep(poll)
-            self._on_ready(ctx, url)
         getter = KeepAliveGet(
             health_src.probe_address(e.host), e.port, sv.health.timeout_s, health_src.auth_headers(e.api_key)
         )
         try:
+            while True:
+                ok, self.last_probe = await health_src.probe_ready(getter, served)
+                if ok:
+                    break
+                await asyncio.sleep(poll)
+            self._on_ready(ctx, url)
             mon = health_src.HealthMonitor(
                 getter, sv.health.interval_s, sv.health.failures, on_failure=lambda n, d: _health_failed(ctx, n, d)
             )
