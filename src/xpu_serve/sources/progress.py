@@ -310,14 +310,18 @@ async def canary_request(
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
     t0 = time.monotonic()
     try:
-        status, text = await aio.wait_for(asyncio.to_thread(_post, host, port, body, headers, timeout_s), timeout_s)
+        status, text = await aio.wait_for(
+            asyncio.to_thread(_post, host, port, body, headers, timeout_s), timeout_s
+        )
     except (TimeoutError, asyncio.TimeoutError) as e:
         return CanaryResult(
             False, True, None, time.monotonic() - t0, f"timed out after {timeout_s:g}s ({type(e).__name__})"
         )
     except OSError as e:
         return CanaryResult(False, False, None, time.monotonic() - t0, f"{type(e).__name__}: {e}")
-    return CanaryResult(status == 200, False, status, time.monotonic() - t0, None if status == 200 else text[:200])
+    return CanaryResult(
+        status == 200, False, status, time.monotonic() - t0, None if status == 200 else text[:200]
+    )
 
 
 def _post(host: str, port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
