@@ -21,8 +21,11 @@ sequences; `watchers.HangWatcher` drives them live.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from xpu_serve import aio
 from xpu_serve.sources.http_get import KeepAliveGet
@@ -297,10 +300,9 @@ async def canary_request(
     Only a timeout counts as a hang (`hung`); a refused connection or an HTTP error is left to the
     process and health watchers (the engine answered, or it is gone). The request runs on a new
     `http.client` connection in a thread (the standard library: importing httpx for one request a
-    minute costs the supervisor ~10 MiB of RSS); a thread past the deadline ends at its socket
-    timeout.
+    minute costs the supervisor ~5 MiB of RSS); a thread past the deadline ends at its socket
+    timeout, a daemon thread so that the supervisor's exit never waits for it.
     """
-    import asyncio
     import json
     import time
 
@@ -311,7 +313,7 @@ async def canary_request(
     t0 = time.monotonic()
     try:
         status, text = await aio.wait_for(
-            asyncio.to_thread(_post, host, port, body, headers, timeout_s), timeout_s
+            _in_daemon_thread(_post, host, port, body, headers, timeout_s), timeout_s
         )
     except (TimeoutError, asyncio.TimeoutError) as e:
         return CanaryResult(
@@ -322,6 +324,34 @@ async def canary_request(
     return CanaryResult(
         status == 200, False, status, time.monotonic() - t0, None if status == 200 else text[:200]
     )
+
+
+def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """`fn(*args)` in a new daemon thread; a future of the running loop gets its result or its
+    exception (nothing when the future was cancelled or the loop closed meanwhile)."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(res: Any, err: BaseException | None) -> None:
+        if fut.done():
+            return
+        if err is not None:
+            fut.set_exception(err)
+        else:
+            fut.set_result(res)
+
+    def work() -> None:
+        try:
+            res, err = fn(*args), None
+        except Exception as e:
+            res, err = None, e
+        with contextlib.suppress(RuntimeError):  # (the loop is closed)
+            loop.call_soon_threadsafe(settle, res, err)
+
+    threading.Thread(target=work, name="xpu-serve-canary", daemon=True).start()
+    return fut
 
 
 def _post(host: str, port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
