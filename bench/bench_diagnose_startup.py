@@ -9,7 +9,8 @@ medians printed. `xpu-serve diagnose` is `python -m xpu_serve diagnose` with thi
 first on PYTHONPATH; `--compare-src DIR` adds the same command on another tree's src/ (e.g. a
 `git archive` of an earlier commit) to the alternation, for a before/after in one run. PYTHONDONTWRITEBYTECODE
 is removed from the children's environment: an installed package has its .pyc files, and without
-them every run recompiles the project's sources (~0.1 s on a 2-core VM).
+them every run recompiles the project's sources (~0.1 s on a 2-core VM); the same goes for the
+packaged tables' marshal cache (`xpu_serve/yamldata.py`), written by the warm-up run.
 """
 
 from __future__ import annotations

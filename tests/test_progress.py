@@ -448,3 +448,49 @@ def test_engine_base_url() -> None:
     assert engine_base_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert engine_base_url("::1", 8000) == "http://[::1]:8000"
     assert engine_base_url("10.0.0.2", 80) == "http://10.0.0.2:80"
+
+
+def test_canary_request_outcomes_over_http_client() -> None:
+    """The canary's three outcomes against real sockets: a 200 completion (ok), a refused port
+    (not a hang: left to the other watchers), a server that accepts and never answers (hung,
+    within about its timeout; the request's thread does not hold the loop)."""
+    import json
+    import socket
+
+    class Completion(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert body["max_tokens"] == 1 and body["model"] == "tiny"
+            out = json.dumps({"choices": [{"text": "x"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Completion)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen()  # accepts (the kernel's backlog), never answers
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    refused_port = free.getsockname()[1]
+    free.close()
+    try:
+        ok = asyncio.run(prog.canary_request("127.0.0.1", srv.server_address[1], "tiny", 5.0))
+        refused = asyncio.run(prog.canary_request("127.0.0.1", refused_port, "tiny", 5.0))
+        t0 = time.monotonic()
+        hung = asyncio.run(prog.canary_request("127.0.0.1", mute.getsockname()[1], "tiny", 0.5))
+        took = time.monotonic() - t0
+    finally:
+        srv.shutdown()
+        mute.close()
+    assert (ok.ok, ok.hung, ok.status, ok.error) == (True, False, 200, None)
+    assert (refused.ok, refused.hung, refused.status) == (False, False, None)
+    assert refused.error is not None and "ConnectionRefusedError" in refused.error
+    assert (hung.ok, hung.hung, hung.status) == (False, True, None)
+    assert hung.error is not None and hung.error.startswith("timed out after 0.5s")
+    assert took < 10  # generous: the run did not wait for anything but the deadline

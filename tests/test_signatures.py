@@ -123,6 +123,75 @@ def test_bad_tables_are_rejected_with_the_row_named(doc, msg) -> None:  # type: 
         parse_table(doc)
 
 
+def test_every_packaged_row_compiles() -> None:
+    """The packaged table compiles its patterns at first use: compile all of them here, so a bad
+    row fails CI rather than the first diagnose that meets its keyword."""
+    table = load_table()
+    table.compile_all()
+    assert all(isinstance(r.pattern.pattern, str) and r.pattern.pattern == r.regex for r in table.rows)
+
+
+def test_bad_pattern_in_a_lazy_table_names_the_file_and_row() -> None:
+    rows = [
+        {"id": "good", "pattern": "fine line", "role": "context", "meaning": "m", "example": "fine line"},
+        {
+            "id": "broken",
+            "pattern": "oops (",
+            "role": "context",
+            "meaning": "m",
+            "example": "x",
+            "keywords": ["oops"],
+        },
+    ]
+    table = parse_table(rows, origin="data/signatures.yaml", compile_now=False)  # built: not compiled yet
+    assert table.match(Event(source="text", text="a fine line", raw="a fine line"))[0].id == "good"  # type: ignore[index]
+    with pytest.raises(SignatureError) as e:
+        table.match(Event(source="text", text="oops here", raw="oops here"))
+    assert str(e.value).startswith(
+        "data/signatures.yaml: broken: bad pattern: missing ), unterminated subpattern"
+    )
+    assert "\n" not in str(e.value)
+    with pytest.raises(SignatureError, match="^data/signatures.yaml: broken: bad pattern"):
+        table.compile_all()
+    with pytest.raises(SignatureError, match="^t.yaml: broken: bad pattern"):  # eager by default
+        parse_table(rows, origin="t.yaml")
+
+
+def test_cli_reports_a_bad_packaged_row_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A bad row reached by `diagnose`: one line naming the file and row, no traceback."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import xpu_serve
+
+    src = Path(xpu_serve.__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    shutil.copytree(src / "xpu_serve", copy / "xpu_serve", ignore=shutil.ignore_patterns("__pycache__"))
+    sig = copy / "xpu_serve" / "data" / "signatures.yaml"
+    text = sig.read_text(encoding="utf-8")
+    row = next(r for r in TABLE.rows if r.role == "root" and "{" not in r.regex and "(" in r.regex)
+    start = text.index(f"id: {row.id}\n")
+    at = text.index("pattern:", start)
+    end = text.index("\n", at)
+    sig.write_text(text[:at] + "pattern: '(unclosed " + row.id + "'" + text[end:], encoding="utf-8")
+    log = tmp_path / "x.log"
+    log.write_text(row.example + "\n", encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", str(log)],
+        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1, r.stderr  # exitcodes.FAILURE
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert f"data/signatures.yaml: {row.id}: bad pattern" in lines[0]
+
+
 # --- rows added from public reports (tests/fixtures/reports) ------------------------------------
 
 

@@ -17,7 +17,6 @@ the field descriptions below; tests/test_readme.py keeps the two equal).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import math
@@ -149,6 +148,8 @@ def preset_vars(name: str) -> dict[str, str]:
 def _known_preset(name: str) -> str:
     presets = env_presets()
     if name not in presets:
+        import difflib  # (only for a bad name: the supervisor keeps what it imports)
+
         close = difflib.get_close_matches(name, list(presets), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown preset {_shown(name)}{hint}; known: {', '.join(presets)}")
@@ -822,6 +823,8 @@ def _unknown_key_hint(loc: Loc) -> str:
         if sub is None:
             return ""
         model = sub
+    import difflib  # (only for an unknown key: the supervisor keeps what it imports)
+
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close and close[0] != "source_path" else ""
 

@@ -37,12 +37,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 try:  # Aho-Corasick automaton (Rust): one pass over a text for all keywords; a regex alternation of
     # ~150 literals is ~50x slower and pyahocorasick ~4x slower per line (measured, bench/README.md)
@@ -51,7 +48,7 @@ except ImportError:  # pragma: no cover - ahocorasick-rs is a dependency; keep w
     ahocorasick_rs = None  # type: ignore[assignment]
 
 from xpu_serve.events import Event
-from xpu_serve.yamldata import load_data
+from xpu_serve.yamldata import DataError, load_data, load_packaged
 
 ROLES = ("root", "consequence", "precursor", "progress", "context")
 CAUSES = (
@@ -98,11 +95,13 @@ class SignatureError(ValueError):
 
 @dataclass(frozen=True)
 class Signature:
-    """One row of the table (see the module docstring for the fields)."""
+    """One row of the table (see the module docstring for the fields). `regex` is the row's
+    pattern as text ({codes} expanded); `pattern` its compiled form, compiled at first use
+    (SignatureError naming `origin` and the row when it does not compile)."""
 
     id: str
     sources: tuple[str, ...]
-    pattern: re.Pattern[str]
+    regex: str
     role: str
     cause: str | None
     meaning: str
@@ -119,6 +118,15 @@ class Signature:
     detected_by: str | None = None
     index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str = "signatures.yaml"
+
+    @cached_property
+    def pattern(self) -> re.Pattern[str]:
+        """The compiled `regex` (cached on the row). Raises SignatureError for a bad pattern."""
+        try:
+            return re.compile(self.regex)
+        except re.error as e:
+            raise SignatureError(f"{self.origin}: {self.id}: bad pattern: {e}") from e
 
 
 def derive_keyword(pattern: str) -> str | None:
@@ -213,6 +221,12 @@ class SignatureTable:
             set(SOURCES) if any(not r.sources for r in self._always) else set()
         )
 
+    def compile_all(self) -> None:
+        """Compile every row's pattern now. Raises SignatureError naming the file and the first
+        row whose pattern does not compile."""
+        for r in self.rows:
+            r.pattern  # noqa: B018 - compiles and caches
+
     def get(self, sig_id: str) -> Signature | None:
         """The row with this id, or None."""
         return self.by_id.get(sig_id)
@@ -298,10 +312,13 @@ def _as_tuple(v: Any) -> tuple[str, ...]:
     return tuple(str(x) for x in v)
 
 
-def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
+def parse_table(data: Any, origin: str = "signatures.yaml", compile_now: bool = True) -> SignatureTable:
     """Build a table from the YAML document (a list of row mappings, or {"signatures": [...]}).
 
-    Raises SignatureError naming the row id and field for a bad row.
+    Raises SignatureError naming the row id and field for a bad row. With `compile_now` False
+    the patterns are compiled at each row's first use (`Signature.pattern`): compiling the packaged
+    table's ~150 rows costs ~30 ms, a fifth of a `diagnose` of a small file, and most rows never see
+    a candidate line; tests/test_signatures.py compiles every packaged row.
     """
     if isinstance(data, dict):
         data = data.get("signatures")
@@ -316,8 +333,11 @@ def parse_table(data: Any, origin: str = "signatures.yaml") -> SignatureTable:
         if rid in seen:
             raise SignatureError(f"{origin}: {rid}: duplicate id")
         seen.add(rid)
-        rows.append(_parse_row(row, i, f"{origin}: {rid}"))
-    return SignatureTable(rows)
+        rows.append(_parse_row(row, i, f"{origin}: {rid}", origin))
+    table = SignatureTable(rows)
+    if compile_now:
+        table.compile_all()
+    return table
 
 
 def _row_sources(row: dict[str, Any], where: str) -> tuple[str, ...]:
@@ -342,35 +362,32 @@ def _row_sources(row: dict[str, Any], where: str) -> tuple[str, ...]:
     return sources
 
 
-def _row_pattern(row: dict[str, Any], where: str) -> tuple[re.Pattern[str], tuple[str, ...]]:
-    """(compiled pattern with ``{codes}`` expanded, prefilter keywords: listed, or derived from
-    the pattern unless the row is matched only in tracebacks or by level)."""
+def _row_pattern(row: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """(pattern text with ``{codes}`` expanded, compiled later by `Signature.pattern`; prefilter
+    keywords: listed, or derived from the pattern unless the row is matched only in tracebacks or
+    by level)."""
     pattern = str(row["pattern"])
     if row.get("codes") is not None:
         pattern = pattern.replace("{codes}", _codes_alternation(row["codes"], where))
-    try:
-        pat = re.compile(pattern)
-    except re.error as e:
-        raise SignatureError(f"{where}: bad pattern: {e}") from e
     kws = _as_tuple(row.get("keywords"))
     if "keywords" not in row and not row.get("in_traceback", False) and not row.get("level"):
         k = derive_keyword(pattern)
         if k is None:
             raise SignatureError(f"{where}: cannot derive a keyword from the pattern; list `keywords`")
         kws = (k,)
-    return pat, kws
+    return pattern, kws
 
 
-def _parse_row(row: dict[str, Any], index: int, where: str) -> Signature:
-    """Row `index` (0-based) of the table as a Signature; raises SignatureError."""
+def _parse_row(row: dict[str, Any], index: int, where: str, origin: str) -> Signature:
+    """Row `index` (0-based) of the table from file `origin` as a Signature; raises SignatureError."""
     sources = _row_sources(row, where)
-    pat, kws = _row_pattern(row, where)
+    regex, kws = _row_pattern(row, where)
     cause = row.get("cause")
     rid = str(row["id"])
     return Signature(
         id=rid,
         sources=sources,
-        pattern=pat,
+        regex=regex,
         role=row["role"],
         cause=cause,
         meaning=str(row["meaning"]).strip(),
@@ -392,6 +409,7 @@ def _parse_row(row: dict[str, Any], index: int, where: str) -> Signature:
             "launcher_report": bool(row.get("launcher_report", False)),
             "opens_burst": bool(row.get("opens_burst", False)),
         },
+        origin=origin,
     )
 
 
@@ -400,9 +418,10 @@ def code_table(name: str) -> dict[int, dict[str, Any]]:
     """The packaged `data/<name>.yaml` table keyed by number ({code: {class, name, ...}}; the file
     holds one top-level mapping). Raises SignatureError when it is missing or malformed."""
     try:
-        text = resources.files("xpu_serve").joinpath(f"data/{name}.yaml").read_text(encoding="utf-8")
-        doc = load_data(text)
-    except (OSError, yaml.YAMLError) as e:
+        doc = load_packaged(name)
+    except DataError as e:
+        raise SignatureError(str(e)) from e
+    except OSError as e:
         raise SignatureError(f"data/{name}.yaml: {e}") from e
     entries = next(iter(doc.values()), None) if isinstance(doc, dict) and len(doc) == 1 else None
     if not isinstance(entries, dict) or not all(isinstance(k, int) and isinstance(v, dict) for k, v in entries.items()):
@@ -432,5 +451,4 @@ def load_table(path: str | Path | None = None) -> SignatureTable:
 
 @lru_cache(maxsize=1)
 def _default_table() -> SignatureTable:
-    text = resources.files("xpu_serve").joinpath("data/signatures.yaml").read_text(encoding="utf-8")
-    return parse_table(load_data(text))
+    return parse_table(load_packaged("signatures"), origin="data/signatures.yaml", compile_now=False)

@@ -43,7 +43,7 @@ from xpu_serve.events import Event
 from xpu_serve.incarnation import IncarnationContext, ProcessInfo, Trigger
 from xpu_serve.sources import kernel as ksrc
 from xpu_serve.sources import progress as prog
-from xpu_serve.sources.health import base_url, probe_address
+from xpu_serve.sources.health import probe_address
 from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.sources.startup import StartupTracker
 
@@ -492,14 +492,11 @@ class HangWatcher(_LineFed):
         await self._watch(ctx)
 
     async def _watch(self, ctx: IncarnationContext) -> None:
-        import httpx
-
         while ctx.ready_at is None:
             if _failed(ctx):
                 return
             await asyncio.sleep(0.1)
         e = self.config.engine
-        base = base_url(e.host, e.port)
         interval = self.cfg.metrics_interval_s
         metrics = prog.MetricsProgress(self.cfg.after_s)
         with self._stats_lock:
@@ -511,67 +508,66 @@ class HangWatcher(_LineFed):
         getter = KeepAliveGet(
             probe_address(e.host), e.port, max(1.0, min(interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
         )
-        async with httpx.AsyncClient() as client:  # the canary's
-            try:
-                while True:
-                    now = time.monotonic()
-                    sample = await prog.scrape_metrics(getter)
-                    now = time.monotonic()
-                    verdict: prog.HangVerdict | None = None
-                    if sample is not None:
-                        metrics_ok_at = self._metrics_ok_at = now
-                        verdict = metrics.observe(now, sample, time.time())
-                    elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
-                        with self._stats_lock:
-                            verdict = self.stats.check(now)
-                    if metrics_ok_at is not None and now - metrics_ok_at <= 3 * interval:
-                        idle = metrics.idle
-                    else:
-                        with self._stats_lock:
-                            idle = self.stats.idle or self.stats.last is None
-                    if canary_task is not None and canary_task.done():
-                        res = canary_task.result()
-                        canary_task = None
-                        last_canary = time.monotonic()
-                        if res.hung and verdict is None:
-                            # the counts /metrics showed: the canary itself is not user work in flight
-                            last = metrics.last
-                            verdict = prog.HangVerdict(
-                                res.duration_s,
-                                int(last.running or 0) if last is not None else 0,
-                                int(last.waiting or 0) if last is not None else 0,
-                                (metrics.last_progress_wall or time.time() - res.duration_s),
-                                "canary",
-                            )
-                    if (
-                        verdict is None
-                        and self.cfg.canary
-                        and canary_task is None
-                        and idle
-                        and now - last_canary >= self.cfg.canary_interval_s
-                    ):
-                        canary_task = asyncio.get_running_loop().create_task(
-                            prog.canary_request(
-                                client,
-                                base,
-                                e.served_model_name or e.model,
-                                self.cfg.canary_timeout_s,
-                                e.api_key,
-                            )
+        try:
+            while True:
+                now = time.monotonic()
+                sample = await prog.scrape_metrics(getter)
+                now = time.monotonic()
+                verdict: prog.HangVerdict | None = None
+                if sample is not None:
+                    metrics_ok_at = self._metrics_ok_at = now
+                    verdict = metrics.observe(now, sample, time.time())
+                elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
+                    with self._stats_lock:
+                        verdict = self.stats.check(now)
+                if metrics_ok_at is not None and now - metrics_ok_at <= 3 * interval:
+                    idle = metrics.idle
+                else:
+                    with self._stats_lock:
+                        idle = self.stats.idle or self.stats.last is None
+                if canary_task is not None and canary_task.done():
+                    res = canary_task.result()
+                    canary_task = None
+                    last_canary = time.monotonic()
+                    if res.hung and verdict is None:
+                        # the counts /metrics showed: the canary itself is not user work in flight
+                        last = metrics.last
+                        verdict = prog.HangVerdict(
+                            res.duration_s,
+                            int(last.running or 0) if last is not None else 0,
+                            int(last.waiting or 0) if last is not None else 0,
+                            (metrics.last_progress_wall or time.time() - res.duration_s),
+                            "canary",
                         )
-                    if _failed(ctx):
-                        return
-                    if verdict is not None:
-                        await self._on_hang(ctx, verdict)
-                        return
-                    await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
-            finally:
-                self._metrics = None
-                getter.close()
-                if canary_task is not None:
-                    canary_task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await canary_task
+                if (
+                    verdict is None
+                    and self.cfg.canary
+                    and canary_task is None
+                    and idle
+                    and now - last_canary >= self.cfg.canary_interval_s
+                ):
+                    canary_task = asyncio.get_running_loop().create_task(
+                        prog.canary_request(
+                            probe_address(e.host),
+                            e.port,
+                            e.served_model_name or e.model,
+                            self.cfg.canary_timeout_s,
+                            e.api_key,
+                        )
+                    )
+                if _failed(ctx):
+                    return
+                if verdict is not None:
+                    await self._on_hang(ctx, verdict)
+                    return
+                await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
+        finally:
+            self._metrics = None
+            getter.close()
+            if canary_task is not None:
+                canary_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await canary_task
 
     async def _on_hang(self, ctx: IncarnationContext, v: prog.HangVerdict) -> None:
         detected_at = time.time()

@@ -148,6 +148,58 @@ _BURST_PARENT = (
 )
 
 
+_THREADS_THEN_EXIT = (
+    "import os, subprocess, sys, threading\n"
+    "ts = [threading.Thread(target=lambda: None) for _ in range(4)]\n"
+    "[t.start() for t in ts]\n"
+    "[t.join() for t in ts]\n"
+    "subprocess.run(['true'])\n"  # a fork, an exec, an exit of a grandchild
+    "sys.exit(7)\n"
+)
+
+
+@pytest.mark.skipif(processes.ProcConnector.open() is None, reason="no proc connector (not root on the host)")
+def test_proc_connector_socket_carries_only_leader_exits() -> None:
+    """The kernel filter on the connector socket: a child that starts 4 threads, forks and execs
+    a grandchild and exits 7 delivers its exit (and the grandchild's), no fork, exec or thread
+    exit event; the status read through the filter is the real one."""
+    import struct
+
+    conn = processes.ProcConnector.open()
+    assert conn is not None
+    try:
+        p = subprocess.Popen([sys.executable, "-c", _THREADS_THEN_EXIT])
+        assert p.wait(30) == 7
+        seen: list[tuple[int, int, int]] = []
+        deadline = time.monotonic() + 5
+        while not any(pid == p.pid for _w, pid, _t in seen) and time.monotonic() < deadline:
+            try:
+                data = conn.sock.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.01)
+                continue
+            what = struct.unpack_from("=I", data, 36)[0]
+            pid, tgid = struct.unpack_from("=II", data, 52)
+            seen.append((what, pid, tgid))
+        assert any(pid == p.pid for _w, pid, _t in seen), "the child's exit never came"
+        assert all(w == 0x80000000 and pid == tgid for w, pid, tgid in seen), seen  # (other hosts' exits too)
+    finally:
+        conn.close()
+    conn = processes.ProcConnector.open()
+    assert conn is not None
+    try:
+        p = subprocess.Popen([sys.executable, "-c", _THREADS_THEN_EXIT])
+        assert p.wait(30) == 7
+        deadline = time.monotonic() + 5
+        got = conn.status(p.pid)
+        while got is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            got = conn.status(p.pid)
+        assert got == (7, None)
+    finally:
+        conn.close()
+
+
 @pytest.mark.skipif(processes.ProcConnector.open() is None, reason="no proc connector (not root on the host)")
 def test_exit_status_of_a_reaped_grandchild_waits_for_the_late_connector_event() -> None:
     """The pidfd fires in exit_notify(), the proc connector's exit event is sent just after it,
@@ -337,25 +389,35 @@ def test_readiness_needs_health_and_served_name() -> None:
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = health.base_url("0.0.0.0", srv.server_address[1])
+    port = srv.server_address[1]
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    closed_port = free.getsockname()[1]
+    free.close()
 
     async def go() -> list[tuple[bool, str]]:
         out = []
-        async with health.make_client(2.0) as c:
-            out.append(await health.probe_ready(c, url, "tiny"))
+        getter = KeepAliveGet(health.probe_address("0.0.0.0"), port, 2.0)
+        try:
+            out.append(await health.probe_ready(getter, "tiny"))
             models.append("tiny")
-            out.append(await health.probe_ready(c, url, "tiny"))
+            out.append(await health.probe_ready(getter, "tiny"))
             status["health"] = 503
-            out.append(await health.probe_ready(c, url, "tiny"))
+            out.append(await health.probe_ready(getter, "tiny"))
             fired: list[tuple[int, str]] = []
-            getter = KeepAliveGet(health.probe_address("0.0.0.0"), srv.server_address[1], 2.0)
             mon = health.HealthMonitor(getter, 0.01, 3, lambda n, d: fired.append((n, d)))
             t = asyncio.create_task(mon.run())
             while not fired:
                 await asyncio.sleep(0.01)
             t.cancel()
-            getter.close()
             out.append((False, f"{fired[0][0]} {fired[0][1]}"))
+        finally:
+            getter.close()
+        nobody = KeepAliveGet("127.0.0.1", closed_port, 2.0)
+        try:
+            out.append(await health.probe_ready(nobody, "tiny"))
+        finally:
+            nobody.close()
         return out
 
     try:
@@ -366,6 +428,7 @@ def test_readiness_needs_health_and_served_name() -> None:
     assert res[1] == (True, "ready")
     assert res[2] == (False, "/health: HTTP 503")
     assert res[3] == (False, "3 HTTP 503")
+    assert res[4] == (False, "/health: connection refused")
 
 
 # ---- issue 4: never signal what is not proven ours; SIGCONT; state under ENOSPC; status shapes ----

@@ -41,11 +41,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from xpu_serve.signatures import CAUSES, SOURCES, SignatureTable, load_table
-from xpu_serve.yamldata import load_data
+from xpu_serve.yamldata import load_packaged
 
 ROW_PARTS = (
     "stats_line",
@@ -300,7 +299,7 @@ def load_rules(table: SignatureTable | None = None) -> Rules:
 
 @lru_cache(maxsize=1)
 def _packaged_doc() -> Any:
-    return load_data(resources.files("xpu_serve").joinpath("data/rules.yaml").read_text(encoding="utf-8"))
+    return load_packaged("rules")
 
 
 @lru_cache(maxsize=1)

@@ -28,8 +28,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser; each subcommand module adds its own arguments."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser; each subcommand module adds its own arguments.
+
+    With `command` (the subcommand the argv names) only that module is imported and the others
+    get a bare entry (name and help, so choices and `--help` stay the same): importing all ten
+    costs ~0.1 s of a 0.15 s `diagnose`. Without it every module is imported.
+    """
     parser = argparse.ArgumentParser(
         prog="xpu-serve",
         description="Supervise `vllm serve` on Intel XPU and name the root cause of every incident.",
@@ -37,10 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xpu-serve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        mod = importlib.import_module(f"xpu_serve.cli.{module}")
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        if command is None or name == command:
+            mod = importlib.import_module(f"xpu_serve.cli.{module}")
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
     return parser
 
 
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR", "SIGIO", "SIGSTKFLT"):
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
-    parser = build_parser()
+    parser = build_parser(raw[0] if raw[:1] and raw[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)

@@ -1,4 +1,5 @@
-"""Health source: readiness and `/health` probing of the OpenAI-compatible server over HTTP (httpx).
+"""Health source: readiness and `/health` probing of the OpenAI-compatible server over HTTP
+(`KeepAliveGet`: one kept-alive `http.client` connection).
 
 vLLM's API server (vllm/entrypoints/openai/api_server.py) answers `GET /health` with 200 while
 the engine client is alive and 503 once the engine is dead (EngineDeadError); `GET /v1/models`
@@ -10,10 +11,9 @@ hung: hangs are the hang watchdog's job, not this probe's.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import httpx
 
 from xpu_serve.sources.http_get import KeepAliveGet
 
@@ -27,38 +27,19 @@ def base_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def make_client(timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
-    """An AsyncClient for the readiness probes: no proxies from the environment (loopback),
-    bearer key if set. The steady 1 s polls use `KeepAliveGet` instead (`HealthMonitor`)."""
-    return httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key), trust_env=False)
-
-
-async def probe_health(client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
-    """GET {url}/health. Returns (ok, detail): detail is "HTTP 503", "connection refused"..."""
-    try:
-        r = await client.get(url + "/health")
-    except httpx.ConnectError:
-        return False, "connection refused"
-    except httpx.TimeoutException:
-        return False, "timed out"
-    except httpx.HTTPError as e:
-        return False, f"{type(e).__name__}: {e}"
-    return (r.status_code == 200), f"HTTP {r.status_code}"
-
-
-async def probe_ready(client: httpx.AsyncClient, url: str, served_name: str) -> tuple[bool, str]:
-    """Ready when `/health` is 200 and `/v1/models` lists `served_name`. Returns (ready, detail)."""
-    ok, detail = await probe_health(client, url)
+async def probe_ready(getter: KeepAliveGet, served_name: str) -> tuple[bool, str]:
+    """Ready when `/health` is 200 and `/v1/models` lists `served_name`. Returns (ready, detail):
+    "/health: connection refused", "/v1/models: HTTP 404", "/v1/models does not list ..."."""
+    ok, detail = await poll_health(getter)
     if not ok:
         return False, f"/health: {detail}"
+    res = await getter.get("/v1/models")
+    if res.status is None:
+        return False, f"/v1/models: {res.error or 'no response'}"
+    if res.status != 200:
+        return False, f"/v1/models: HTTP {res.status}"
     try:
-        r = await client.get(url + "/v1/models")
-    except httpx.HTTPError as e:
-        return False, f"/v1/models: {type(e).__name__}"
-    if r.status_code != 200:
-        return False, f"/v1/models: HTTP {r.status_code}"
-    try:
-        ids = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+        ids = [m.get("id") for m in json.loads(res.body).get("data", []) if isinstance(m, dict)]
     except (ValueError, AttributeError):
         return False, "/v1/models: not a model list"
     if served_name not in ids:
@@ -78,7 +59,8 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 async def poll_health(getter: KeepAliveGet) -> tuple[bool, str]:
-    """GET /health over the kept-alive connection: (ok, detail) as `probe_health` gives them."""
+    """GET /health over the kept-alive connection: (ok, detail), detail "HTTP 503",
+    "connection refused", "timed out"..."""
     res = await getter.get("/health")
     if res.status is None:
         return False, res.error or "no response"

@@ -85,7 +85,8 @@ dfd: int | None = None  # the log directory, held open (None: not there at the s
 SECRETS: list[bytes] = []  # known secret values, longest first, no CR/LF
 SPLICE = False  # os.splice usable (Python >= 3.10 on Linux, no SECRETS: they must be seen)
 
-# Buffers: carry (<= hold_cap) + one read; counting reads back from vllm.log.
+# Buffers: carry (<= hold_cap) + one read; counting reads back from vllm.log (1 MiB, allocated
+# at the first count: bytearray(n) writes its n zero bytes, resident for the relay's life).
 buf = bytearray()
 bmv = memoryview(buf)
 cbuf = bytearray()
@@ -136,7 +137,7 @@ link_t = 0.0  # next check that vllm.log was not deleted (relink)
 def setup(args: list[str], secrets: list[bytes]) -> None:
     """Parse the arguments after the program name (see the module docstring), open the log dir."""
     global cap, out, ctl, ack, path, max_bytes, backups, retry_s, hold_cap, state, ins
-    global dfd, lname, buf, bmv, cbuf, cmv, carry, stream_of, open_ins, frag, SECRETS, SPLICE
+    global dfd, lname, buf, bmv, carry, stream_of, open_ins, frag, SECRETS, SPLICE
     global win_t, link_t
     cap, out, ctl, ack = int(args[1]), int(args[2]), int(args[3]), int(args[4])
     path, max_bytes, backups = args[5], int(args[6]), int(args[7])
@@ -149,8 +150,6 @@ def setup(args: list[str], secrets: list[bytes]) -> None:
         dfd, lname = None, path
     buf = bytearray(hold_cap + READ + 1)
     bmv = memoryview(buf)
-    cbuf = bytearray(1 << 20)
-    cmv = memoryview(cbuf)
     for fd in ins + [out, ctl, ack]:
         os.set_blocking(fd, False)
     carry = [b""] * len(ins)
@@ -184,6 +183,14 @@ def frame(kind: int, i: int = 0, a: int = 0, b: int = 0) -> None:
     q.append((kind, i, a, b, None))
 
 
+def grow_cbuf(n: int) -> None:
+    """Make the counting buffer `n` bytes long."""
+    global cbuf, cmv
+    cmv.release()
+    cbuf = bytearray(n)
+    cmv = memoryview(cbuf)
+
+
 def count_step(limit: int = 1 << 20) -> None:
     """Count the lines of the oldest pending dropped data (<= limit bytes read from vllm.log)."""
     e = pend[0]
@@ -198,6 +205,8 @@ def count_step(limit: int = 1 << 20) -> None:
     else:
         fd, start, end = e
         k = 0
+        if len(cbuf) < limit:
+            grow_cbuf(limit)
         try:
             k = os.preadv(fd, [cmv[: min(limit, end - start)]], start)
         except OSError:

@@ -311,6 +311,49 @@ _NLMSG_HDR = "=IHHII"  # len, type, flags, seq, pid
 _CN_MSG = "=IIIIHH"  # id.idx, id.val, seq, ack, len, flags
 _EVENT_HDR = "=IIQ"  # what, cpu, timestamp_ns
 _EXIT_EVENT = "=IIII"  # process_pid, process_tgid, exit_code, exit_signal
+_SO_ATTACH_FILTER = 26  # asm-generic/socket.h
+# Offsets in one connector datagram: nlmsghdr (16) + cn_msg (20), then struct proc_event: `what`,
+# and in its exit event `process_pid`, `process_tgid`.
+_WHAT_AT, _PID_AT, _TGID_AT = 36, 52, 56
+
+
+def _exit_filter() -> bytes:
+    """A classic BPF program (linux/filter.h `struct sock_filter` array) that keeps only the exit
+    events of thread-group leaders: every fork, exec, comm change and thread exit on the host is
+    dropped in the kernel instead of waking and costing the supervisor a parse (on a busy host
+    they are most of the connector's traffic). BPF_ABS loads read big-endian words, the event's
+    fields are in host order: the constant is the host bytes of PROC_EVENT_EXIT read big-endian."""
+    import struct
+
+    exit_be = int.from_bytes(struct.pack("=I", _PROC_EVENT_EXIT), "big")
+    ld_w_abs, jeq_k, jeq_x, tax, ret_k = 0x20, 0x15, 0x1D, 0x07, 0x06
+    prog = [
+        (ld_w_abs, 0, 0, _WHAT_AT),
+        (jeq_k, 0, 5, exit_be),  # not an exit: drop
+        (ld_w_abs, 0, 0, _PID_AT),
+        (tax, 0, 0, 0),
+        (ld_w_abs, 0, 0, _TGID_AT),
+        (jeq_x, 0, 1, 0),  # a thread, not its group's leader: drop
+        (ret_k, 0, 0, 0xFFFFFFFF),
+        (ret_k, 0, 0, 0),
+    ]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def _attach_exit_filter(sock: socket.socket) -> bool:
+    """Attach `_exit_filter` (SO_ATTACH_FILTER, `struct sock_fprog`: length, pointer to the
+    program; the kernel copies it). False when the kernel refuses: every event is then read."""
+    import array
+    import struct
+
+    prog = array.array("B", _exit_filter())
+    addr, _n = prog.buffer_info()
+    fprog = struct.pack("@HP", len(prog) // 8, addr)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError:
+        return False
+    return True
 
 
 def _monotonic_ns_to_epoch(ts_ns: int) -> float:
@@ -349,6 +392,7 @@ class ProcConnector:
                     break
                 except OSError:
                     continue
+            _attach_exit_filter(sock)
             sock.bind((0, _CN_IDX_PROC))
             payload = struct.pack("=I", _PROC_CN_MCAST_LISTEN)
             cn = struct.pack(_CN_MSG, _CN_IDX_PROC, _CN_VAL_PROC, 0, 0, len(payload), 0) + payload

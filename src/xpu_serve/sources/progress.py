@@ -21,11 +21,11 @@ sequences; `watchers.HangWatcher` drives them live.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
-
-import httpx
 
 from xpu_serve import aio
 from xpu_serve.sources.http_get import KeepAliveGet
@@ -292,36 +292,79 @@ class CanaryResult:
 
 
 async def canary_request(
-    client: httpx.AsyncClient, base_url: str, model: str, timeout_s: float, api_key: str | None = None
+    host: str, port: int, model: str, timeout_s: float, api_key: str | None = None
 ) -> CanaryResult:
-    """POST a 1-token `/v1/completions` ("max_tokens": 1) with a total timeout of `timeout_s`.
+    """POST a 1-token `/v1/completions` ("max_tokens": 1) to HOST:PORT (IPv6 without brackets)
+    with a total timeout of `timeout_s`.
 
     Only a timeout counts as a hang (`hung`); a refused connection or an HTTP error is left to the
-    process and health watchers (the engine answered, or it is gone).
+    process and health watchers (the engine answered, or it is gone). The request runs on a new
+    `http.client` connection in a thread (the standard library: importing httpx for one request a
+    minute costs the supervisor ~5 MiB of RSS); a thread past the deadline ends at its socket
+    timeout, a daemon thread so that the supervisor's exit never waits for it.
     """
-    import asyncio
+    import json
     import time
 
-    headers: dict[str, str] = {}
+    headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    body: dict[str, Any] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
     t0 = time.monotonic()
     try:
-        r = await aio.wait_for(
-            client.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout_s),
-            timeout_s,
+        status, text = await aio.wait_for(
+            _in_daemon_thread(_post, host, port, body, headers, timeout_s), timeout_s
         )
-    except (httpx.TimeoutException, asyncio.TimeoutError) as e:
+    except (TimeoutError, asyncio.TimeoutError) as e:
         return CanaryResult(
             False, True, None, time.monotonic() - t0, f"timed out after {timeout_s:g}s ({type(e).__name__})"
         )
-    except httpx.HTTPError as e:
+    except OSError as e:
         return CanaryResult(False, False, None, time.monotonic() - t0, f"{type(e).__name__}: {e}")
     return CanaryResult(
-        r.status_code == 200,
-        False,
-        r.status_code,
-        time.monotonic() - t0,
-        None if r.status_code == 200 else r.text[:200],
+        status == 200, False, status, time.monotonic() - t0, None if status == 200 else text[:200]
     )
+
+
+def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """`fn(*args)` in a new daemon thread; a future of the running loop gets its result or its
+    exception (nothing when the future was cancelled or the loop closed meanwhile)."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(res: Any, err: BaseException | None) -> None:
+        if fut.done():
+            return
+        if err is not None:
+            fut.set_exception(err)
+        else:
+            fut.set_result(res)
+
+    def work() -> None:
+        try:
+            res, err = fn(*args), None
+        except Exception as e:
+            res, err = None, e
+        with contextlib.suppress(RuntimeError):  # (the loop is closed)
+            loop.call_soon_threadsafe(settle, res, err)
+
+    threading.Thread(target=work, name="xpu-serve-canary", daemon=True).start()
+    return fut
+
+
+def _post(host: str, port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """POST /v1/completions; (status, body text). Raises OSError (TimeoutError past `timeout_s`
+    on the connect or a read) or http.client.HTTPException (re-raised as OSError)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read(1 << 16).decode("utf-8", "replace")
+    except http.client.HTTPException as e:
+        raise OSError(f"{type(e).__name__}: {e}") from e
+    finally:
+        conn.close()

@@ -231,9 +231,12 @@ class ReadinessWatcher:
                 await self.gate(ctx)
             self._on_ready(ctx, g.head_url)
             await asyncio.Event().wait()
-        async with health_src.make_client(sv.health.timeout_s, e.api_key) as client:
+        getter = KeepAliveGet(
+            health_src.probe_address(e.host), e.port, sv.health.timeout_s, health_src.auth_headers(e.api_key)
+        )
+        try:
             while True:
-                ok, self.last_probe = await health_src.probe_ready(client, url, served)
+                ok, self.last_probe = await health_src.probe_ready(getter, served)
                 if ok:
                     break
                 await asyncio.sleep(poll)
@@ -241,10 +244,6 @@ class ReadinessWatcher:
                 self.last_probe = "waiting for every node of the group to join"
                 await self.gate(ctx)
             self._on_ready(ctx, url)
-        getter = KeepAliveGet(
-            health_src.probe_address(e.host), e.port, sv.health.timeout_s, health_src.auth_headers(e.api_key)
-        )
-        try:
             mon = health_src.HealthMonitor(
                 getter, sv.health.interval_s, sv.health.failures, on_failure=lambda n, d: _health_failed(ctx, n, d)
             )
