@@ -45,6 +45,7 @@ from xpu_serve.sources import progress as prog
 from xpu_serve.sources.health import base_url, probe_address
 from xpu_serve.sources.http_get import KeepAliveGet
 from xpu_serve.sources.startup import StartupTracker
+from xpu_serve.supervision.rankstate import rank_states_fact, steady_states
 
 # Causes of kernel records that mean "this process is dead now" (signature table causes).
 _CRASH_CAUSES = {"umd-segfault", "process-crash", "host-oom"}
@@ -412,7 +413,8 @@ class HangWatcher(_LineFed):
     intervals without a good scrape) the periodic stats lines fed through `on_line` decide. With
     `canary: true`, when idle for `canary_interval_s`, a 1-token completion must answer within
     `canary_timeout_s`. On a hang: `dump_stacks(pids, timeout)` of every live process (py-spy,
-    `bundles.collector_timeout_s` per process), then `ctx.record(facts.hang(...))` (stacks in
+    `bundles.collector_timeout_s` per process; each rank's process state sampled just before, and
+    both recorded as `facts.rank_states`), then `ctx.record(facts.hang(...))` (stacks in
     the event's extra["stacks"], pid -> text; GPU faults seen by the kernel watcher in
     extra["kernel_faults"]) and `ctx.fail(Trigger(kind="hang", event=that event))`.
     """
@@ -555,12 +557,17 @@ class HangWatcher(_LineFed):
     async def _on_hang(self, ctx: IncarnationContext, v: prog.HangVerdict) -> None:
         detected_at = time.time()
         self.last_verdict = v
-        pids = [p.pid for p in _live(ctx)]
+        live = _live(ctx)
+        pids = [p.pid for p in live]
         timeout = float(getattr(getattr(self.config, "bundles", None), "collector_timeout_s", 10.0))
+        states = await asyncio.to_thread(steady_states, pids)  # before py-spy attaches
         try:
             stacks = await asyncio.to_thread(self.dump, pids, timeout) if pids else {}
         except Exception as ex:  # stacks are evidence, never a reason not to fail
             stacks = {pid: f"# stack dump failed: {type(ex).__name__}: {ex}\n" for pid in pids}
+        ranks = rank_states_fact(live, states, stacks, at=detected_at)
+        if ranks is not None:
+            ctx.record(ranks)
         by = {
             "metrics": "xpu-serve hang watchdog (/metrics)",
             "stats-line": "xpu-serve hang watchdog (stats lines)",

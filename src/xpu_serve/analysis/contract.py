@@ -238,7 +238,9 @@ def _hang_summary(inc: Incident) -> str:
     after = f" after {h['last_progress']}" if h.get("last_progress") else ""
     by = f"; {h['detected_by']} detected it" if h.get("detected_by") else ""
     at = f" at {h['detected_at']}" if h.get("detected_at") else ""
-    return f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}"
+    stuck = h.get("stuck_rank")
+    head = f"{stuck['text']}; the engine" if isinstance(stuck, dict) and stuck.get("text") else "The engine"
+    return f"{head} stopped making progress{after}{by or ('; detected' if at else '')}{at}"
 
 
 def _startup_summary(inc: Incident) -> str:

@@ -53,6 +53,7 @@ class EvidenceStore:
         self.last_stats: Any = None
         self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
         self.facts_hang: Event | None = None
+        self.rank_states: Event | None = None  # the supervisor's `rank-states` fact of a hang
         # a GPU driver's own fault records (rows with opens_burst): see _primary_gpu_fault
         self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,

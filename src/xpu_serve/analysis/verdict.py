@@ -19,6 +19,7 @@ from xpu_serve.analysis.contract import PHASES, ContractMixin
 from xpu_serve.analysis.deaths import death_signal
 from xpu_serve.analysis.demote import Candidates, apply_demote, apply_outrank, outrank_notes
 from xpu_serve.analysis.incident import Incident
+from xpu_serve.analysis.stuck import name_stuck_rank
 from xpu_serve.analysis.supervised import complete
 from xpu_serve.analysis.timeorder import boot, cmp_time, same_burst
 from xpu_serve.events import Event, parse_line
@@ -337,6 +338,7 @@ class VerdictMixin(ContractMixin):
             if det is not None:
                 p, r, pd = self._subject(det, inc.notes)
                 inc.root = self._contract_event(det, p, r, pd)
+        name_stuck_rank(inc, self.rank_states, self._contract_event)
 
     def _finish(self, v: _Work) -> None:
         """The root's evidence, the consequence groups, the timeline and the summary."""
