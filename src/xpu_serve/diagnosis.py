@@ -659,6 +659,8 @@ class Analyzer(VerdictMixin):
         if m is None:
             return None
         sig, gd = m
+        if ev.source == "kernel" and self.kernel_owners is not None and self.kernel_owners.foreign(ev, sig.cause):
+            return None  # another program's record (analysis/kernel_owner.py): a note, never evidence
         role = sig.role
         if ev.group is not None and sig.id != self._row["generic_exception"] and role in _KEPT_ROLES:
             self._subsume_generic(ev.group)

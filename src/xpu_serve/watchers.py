@@ -44,6 +44,8 @@ from xpu_serve.sources import kernel as ksrc
 from xpu_serve.sources import progress as prog
 from xpu_serve.sources.health import base_url, probe_address
 from xpu_serve.sources.http_get import KeepAliveGet
+from xpu_serve.sources.kernel import GPU_DRIVERS as _GPU_DRIVERS
+from xpu_serve.sources.kernel import is_gpu_fault
 from xpu_serve.sources.startup import StartupTracker
 from xpu_serve.supervision.rankstate import rank_states_fact, steady_states
 
@@ -59,7 +61,6 @@ _CRASH_WORDS = (
     "Killed process ",
     "oom-kill:",
 )
-_GPU_DRIVERS = ("xe ", "i915 ")
 
 
 def _warn(msg: str) -> None:
@@ -97,17 +98,6 @@ def is_crash_record(ev: Event) -> bool:
     if ev.cause in _CRASH_CAUSES:
         return True
     return any(w in ev.text for w in _CRASH_WORDS)
-
-
-def is_gpu_fault(ev: Event) -> bool:
-    """An xe/i915 device fault record (engine reset, job timeout, page fault, GuC error, wedged)."""
-    if ev.cause == "gpu-fault":
-        return True
-    t = ev.text
-    return t.startswith(_GPU_DRIVERS) and any(
-        w in t
-        for w in ("Engine reset", "Timedout job", "page fault", "GuC", "wedged", "GPU HANG", "CAT error")
-    )
 
 
 def is_wedged(ev: Event) -> bool:
@@ -336,11 +326,10 @@ class KernelWatcher:
                     ev.extra["rank_note"] = (
                         how if not ranks else f"device {dev} not among the ranks' devices ({how})"
                     )
-        if not (c.ours or gpu):
-            # Another program's segfault/OOM (a pid that is not ours) is not our evidence; other
-            # classified records without a process (firmware, driver notices) are context.
-            if ev.pid is not None or not ev.signature:
-                return None
+        if not ksrc.attributable(ev, c.ours) or not (c.ours or gpu or ev.signature):
+            # another program's segfault/OOM is not our evidence; unclassified records without a
+            # process are not either (classified ones, firmware and driver notices, are context)
+            return None
         before = wall is not None and wall < ctx.started_at - 1.0
         if before:
             # Look-back (before this incarnation started): the previous incarnation's incident
