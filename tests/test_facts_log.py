@@ -30,6 +30,7 @@ def _fields(ev: Event) -> tuple[object, ...]:
         facts.process_exit("EngineCore", 7032, None, 1, None, AT),
         facts.process_exit("APIServer", 7019, None, None, None, AT),
         facts.hang(92.0, 1, 0, datetime(2026, 11, 30, 8, 29, 0), at=AT),
+        facts.rank_states([{"process": "Worker_TP1", "rank": 1, "pid": 7093, "state": "T", "wait": "outside"}], AT),
         facts.health_failed(3, "timed out", AT),
         facts.startup_stall(600.0, "ccl-init", [1, 3], AT),
         facts.trigger("process-exit", "Worker_TP1 (pid 7093) died: killed by SIGSEGV", AT,

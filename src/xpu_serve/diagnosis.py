@@ -314,6 +314,9 @@ class Analyzer(EvidenceStore):
         if event.extra.get("fact") == "trigger":
             self.trigger = trigger_of(event.extra.get("trigger")) or self.trigger
             return
+        if event.extra.get("fact") == "rank-states":  # evidence of the hang verdict (analysis/stuck.py)
+            self.rank_states = event
+            return
         file = event.file or f"<{event.source}>"
         lineno = event.line if event.line is not None else self._lineno.get(file, 0) + 1
         self._lineno[file] = lineno
@@ -374,6 +377,7 @@ class Analyzer(EvidenceStore):
         self.ready = False
         self.last_progress = self.last_stats = self.stall_stats = None
         self.facts_hang = None
+        self.rank_states = None
         self.world_size = None
 
 

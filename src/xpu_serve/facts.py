@@ -13,7 +13,7 @@ Every fact the supervisor feeds the analysis is also written to the incarnation'
     2026-12-02T02:31:07.123456+00:00 xpu-serve fact process-exit {"source": "process", ...}
 
 the time of the fact (ISO 8601, UTC, microseconds), the tag `xpu-serve fact`, the kind
-(`process-exit`, `hang`, `health-failed`, `startup-stall`, `trigger`, or the event's source for
+(`process-exit`, `hang`, `rank-states`, `health-failed`, `startup-stall`, `trigger`, or the event's source for
 a fact of another watcher), then one JSON object: source, text, process, rank, pid, level,
 extra (without the py-spy stacks, which are the bundle's stacks/) and `after`: the number of
 lines of the incarnation's vllm.log (rotations concatenated, oldest first) the live analysis had
@@ -104,6 +104,25 @@ def startup_stall(stalled_s: float, phase: str, missing_ranks: list[int], at: fl
     text = f"start-up stalled for {stalled_s:.0f}s in phase {phase}; ranks not reached: {ranks}"
     extra: dict[str, object] = {"fact": "startup-stall", "phase": phase, "missing_ranks": list(missing_ranks)}
     return _fact("supervisor", text, at, extra=extra)
+
+
+def rank_states(ranks: list[dict[str, Any]], at: float | None = None) -> Event:
+    """What each TP rank was doing when a hang was detected: `ranks` is one dict per worker,
+    {"process": "Worker_TP1", "rank": 1, "pid": 7986, "state": "T" (proc(5) field 3, held in
+    every sample; None when it varied or the process is gone), "wait": the collective its stack
+    waits in, "outside" or "unknown" (analysis/stacks.py collective_wait)}.
+
+    Text shape: "TP ranks at the hang: Worker_TP0 (rank 0) state S, in all_reduce; Worker_TP1
+    (rank 1) state T, outside a collective". extra: {"fact": "rank-states", "ranks": ranks}.
+    """
+    parts = []
+    for r in ranks:
+        wait = r.get("wait")
+        where = {"outside": "outside a collective", "unknown": "stack unknown"}.get(str(wait), f"in {wait}")
+        parts.append(f"{r.get('process')} (rank {r.get('rank')}) state {r.get('state') or '?'}, {where}")
+    text = "TP ranks at the hang: " + "; ".join(parts)
+    extra: dict[str, object] = {"fact": "rank-states", "ranks": [dict(r) for r in ranks]}
+    return _fact("supervisor", text, at, level=None, extra=extra)
 
 
 def trigger(kind: str, detail: str, at: float, fields: dict[str, Any]) -> Event:

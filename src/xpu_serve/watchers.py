@@ -45,7 +45,10 @@ from xpu_serve.sources import kernel as ksrc
 from xpu_serve.sources import progress as prog
 from xpu_serve.sources.health import probe_address
 from xpu_serve.sources.http_get import KeepAliveGet
+from xpu_serve.sources.kernel import GPU_DRIVERS as _GPU_DRIVERS
+from xpu_serve.sources.kernel import is_gpu_fault
 from xpu_serve.sources.startup import StartupTracker
+from xpu_serve.supervision.rankstate import rank_states_fact, steady_states
 
 # Causes of kernel records that mean "this process is dead now" (signature table causes).
 _CRASH_CAUSES = {"umd-segfault", "process-crash", "host-oom"}
@@ -59,7 +62,6 @@ _CRASH_WORDS = (
     "Killed process ",
     "oom-kill:",
 )
-_GPU_DRIVERS = ("xe ", "i915 ")
 
 
 def _warn(msg: str) -> None:
@@ -97,17 +99,6 @@ def is_crash_record(ev: Event) -> bool:
     if ev.cause in _CRASH_CAUSES:
         return True
     return any(w in ev.text for w in _CRASH_WORDS)
-
-
-def is_gpu_fault(ev: Event) -> bool:
-    """An xe/i915 device fault record (engine reset, job timeout, page fault, GuC error, wedged)."""
-    if ev.cause == "gpu-fault":
-        return True
-    t = ev.text
-    return t.startswith(_GPU_DRIVERS) and any(
-        w in t
-        for w in ("Engine reset", "Timedout job", "page fault", "GuC", "wedged", "GPU HANG", "CAT error")
-    )
 
 
 def is_wedged(ev: Event) -> bool:
@@ -356,11 +347,10 @@ class KernelWatcher:
                     ev.extra["rank_note"] = (
                         how if not ranks else f"device {dev} not among the ranks' devices ({how})"
                     )
-        if not (c.ours or gpu):
-            # Another program's segfault/OOM (a pid that is not ours) is not our evidence; other
-            # classified records without a process (firmware, driver notices) are context.
-            if ev.pid is not None or not ev.signature:
-                return None
+        if not ksrc.attributable(ev, c.ours) or not (c.ours or gpu or ev.signature):
+            # another program's segfault/OOM is not our evidence; unclassified records without a
+            # process are not either (classified ones, firmware and driver notices, are context)
+            return None
         before = wall is not None and wall < ctx.started_at - 1.0
         if before:
             # Look-back (before this incarnation started): the previous incarnation's incident
@@ -433,7 +423,8 @@ class HangWatcher(_LineFed):
     intervals without a good scrape) the periodic stats lines fed through `on_line` decide. With
     `canary: true`, when idle for `canary_interval_s`, a 1-token completion must answer within
     `canary_timeout_s`. On a hang: `dump_stacks(pids, timeout)` of every live process (py-spy,
-    `bundles.collector_timeout_s` per process), then `ctx.record(facts.hang(...))` (stacks in
+    `bundles.collector_timeout_s` per process; each rank's process state sampled just before, and
+    both recorded as `facts.rank_states`), then `ctx.record(facts.hang(...))` (stacks in
     the event's extra["stacks"], pid -> text; GPU faults seen by the kernel watcher in
     extra["kernel_faults"]) and `ctx.fail(Trigger(kind="hang", event=that event))`.
     """
@@ -572,12 +563,17 @@ class HangWatcher(_LineFed):
     async def _on_hang(self, ctx: IncarnationContext, v: prog.HangVerdict) -> None:
         detected_at = time.time()
         self.last_verdict = v
-        pids = [p.pid for p in _live(ctx)]
+        live = _live(ctx)
+        pids = [p.pid for p in live]
         timeout = float(getattr(getattr(self.config, "bundles", None), "collector_timeout_s", 10.0))
+        states = await asyncio.to_thread(steady_states, pids)  # before py-spy attaches
         try:
             stacks = await asyncio.to_thread(self.dump, pids, timeout) if pids else {}
         except Exception as ex:  # stacks are evidence, never a reason not to fail
             stacks = {pid: f"# stack dump failed: {type(ex).__name__}: {ex}\n" for pid in pids}
+        ranks = rank_states_fact(live, states, stacks, at=detected_at)
+        if ranks is not None:
+            ctx.record(ranks)
         by = {
             "metrics": "xpu-serve hang watchdog (/metrics)",
             "stats-line": "xpu-serve hang watchdog (stats lines)",

@@ -10,6 +10,7 @@ the trigger) are in the bundle's logs/facts.log and the analysis reads them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,48 @@ def test_diagnose_of_the_bundle_gives_the_live_verdict(
     assert offline["notes"] == live["notes"]
     assert offline["summary"] == live["summary"]
     assert (bundle / "logs" / "facts.log").is_file()
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["worker-exit rank=2 code=1 after=50", "worker-segv rank=1 after=50 kernel={kern}"],
+    ids=["worker-exit", "worker-segv-kernel-record"],
+)
+def test_another_programs_segfault_in_the_bundles_kernel_log_is_not_evidence(
+    sim_up_factory: Any, fault: str, tmp_path: Path
+) -> None:
+    """A segfault of a pid outside the supervised tree, in libze like ours, put first in the
+    bundle's kernel.log (another suite's crash on the same machine): `diagnose BUNDLE` applies
+    the live watcher's ownership rule with the bundle's process list and gives the live verdict;
+    the same kernel.log alone (no process list) still makes it the root."""
+    from xpu_serve.sim.kernel import segfault_records, write_records
+
+    kern = tmp_path / "kernel.txt"
+    kern.write_text("")
+    up = sim_up_factory(
+        f"{fault.format(kern=kern)} incarnation=1", extra={"watchers.kernel": {"source": "file", "path": str(kern)}}
+    )
+    bundle = up.bundle(90)
+    up.wait_event("restart-scheduled", 60)
+    assert up.stop() == 0
+    live = json.loads((bundle / "incident.json").read_text())
+    foreign_pid = os.getpid()  # this test's process: alive, and not in the supervised tree
+    assert foreign_pid not in {p["pid"] for p in live["supervisor"]["processes"]}
+    before = _offline(bundle)  # without the foreign record
+    foreign = tmp_path / "foreign.txt"
+    write_records(str(foreign), segfault_records("python3", foreign_pid, 0))
+    k = bundle / "kernel.log"
+    k.write_text(foreign.read_text() + k.read_text())
+    offline = _offline(bundle)
+    assert offline["cause"] == live["cause"], (offline["summary"], live["summary"])
+    assert _root(offline) == _root(live), (offline["root"], live["root"])
+    assert _counts(offline) == _counts(live)
+    # (a kernel record's notes and time differ live and offline: live names the correlated
+    # process and knows the boot time; that gap is not the foreign record's)
+    assert offline["notes"] == before["notes"]
+    assert offline["summary"] == before["summary"]
+    assert str(foreign_pid) not in json.dumps(offline["root"])
+    alone = _offline(k)  # a plain log file: every pid is eligible, as before
+    assert alone["cause"] == "umd-segfault", alone["summary"]
+    if "worker-exit" in fault:
+        assert alone["root"]["pid"] == foreign_pid, alone["root"]

@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -102,7 +104,29 @@ def test_worker_hang_detected_before_vllm_with_stacks(tmp_path: Path, up_factory
     assert worker_stacks and "Thread" in worker_stacks[0]
     log = (up.runtime / "logs" / "1" / "vllm.log").read_text()
     assert "timed out" not in log  # caught before vLLM's own timeout
+    # the stuck rank: Worker_TP1 in its fault, the other ranks waiting for their next step
+    _assert_stuck_rank(incident, bundle, "Worker_TP1", 1, "is outside the collective")
+    assert "ranks 0,2,3 wait in shm_broadcast acquire_read" in incident["summary"], incident["summary"]
     assert up.stop() == 0
+
+
+def _assert_stuck_rank(incident: dict[str, Any], bundle: Path, process: str, rank: int, why: str) -> None:
+    """The live verdict and `xpu-serve diagnose BUNDLE --json` both name `process` (rank) as the
+    root of the hang, and keep the hang's detection facts."""
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", str(bundle), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    offline = json.loads(out.stdout)
+    for verdict in (incident, offline):
+        assert verdict["cause"] == "engine-hang"
+        assert (verdict["root"]["process"], verdict["root"]["rank"]) == (process, rank), verdict["root"]
+        assert verdict["summary"].startswith(f"{process} (rank {rank}) {why}"), verdict["summary"]
+        assert verdict["hang"]["detected_by"] and verdict["hang"]["detected_at"], verdict["hang"]
+        assert verdict["hang"]["stuck_rank"]["rank"] == rank
+    assert offline["root"]["pid"] == incident["root"]["pid"]
+    assert offline["summary"] == incident["summary"]
 
 
 def test_idle_hang_caught_by_canary(tmp_path: Path, up_factory: Any) -> None:
@@ -164,6 +188,9 @@ def test_idle_hang_caught_with_the_default_hang_settings(up_factory: Any, send_r
     assert "engine hang" in failed["msg"] and "canary" in failed["msg"], failed
     took = failed["ts"] - t0
     assert took <= interval + timeout + 5.0, took  # generous for a loaded CI VM; vLLM's own: 300 s
+    bundle = up.bundle()
+    incident = json.loads((bundle / "incident.json").read_text())
+    _assert_stuck_rank(incident, bundle, "Worker_TP1", 1, "stopped (state T)")
     assert up.stop() == 0
 
 

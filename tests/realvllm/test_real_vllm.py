@@ -340,6 +340,13 @@ def test_3_worker_sigstop_midstream_hang_caught_before_vllm(step: Run) -> None:
     # the stopped worker itself, the one that matters most (read with --nonblocking: it is stopped)
     own = [p.read_text(errors="replace") for p in stacks if p.name.startswith(f"{victim.pid}-")]
     r.expect(bool(own) and "Thread" in own[0], f"no py-spy dump of the stopped worker: {own[:1]!r}")
+    # the verdict names the stopped worker (state T), as the simulator's SIGSTOP test proves
+    # through the same watchdog (tests/e2e/test_watch_up.py test_idle_hang_caught_with_the_default_hang_settings)
+    root = inc.get("root") or {}
+    r.expect(
+        (root.get("process"), root.get("rank")) == ("Worker_TP1", 1),
+        f"hang root is not the stopped Worker_TP1: {root}; summary {inc.get('summary')}",
+    )
 
     st = r.sup.wait_state("ready", READY_TIMEOUT_S, incarnation_at_least=inc0 + 1)
     r.figures["sigstop_to_ready_again"] = round(time.time() - t_stop[0], 1)

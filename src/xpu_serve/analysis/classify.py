@@ -184,6 +184,9 @@ class Classifier:
         if m is None:
             return None
         sig, gd = m
+        owners = self.st.kernel_owners
+        if ev.source == "kernel" and owners is not None and owners.foreign(ev, sig.cause):
+            return None  # another program's record (analysis/kernel_owner.py): never evidence
         role = sig.role
         if ev.group is not None and sig.id != self._row["generic_exception"] and role in _KEPT_ROLES:
             self._subsume_generic(ev.group)

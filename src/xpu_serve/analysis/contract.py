@@ -235,7 +235,8 @@ def _hang_summary(inc: Incident) -> str:
     after = f" after {h.last_progress}" if h.last_progress else ""
     by = f"; {h.detected_by} detected it" if h.detected_by else ""
     at = f" at {h.detected_at}" if h.detected_at else ""
-    return f"The engine stopped making progress{after}{by or ('; detected' if at else '')}{at}"
+    head = f"{h.stuck_rank.sentence()}; the engine" if h.stuck_rank is not None else "The engine"
+    return f"{head} stopped making progress{after}{by or ('; detected' if at else '')}{at}"
 
 
 def _startup_summary(inc: Incident) -> str:
@@ -280,7 +281,10 @@ def root_json(r: Root) -> dict[str, Any]:
 def hang_json(h: Hang) -> dict[str, Any]:
     """{last_progress, detected_at, detected_by}, and delay_s, no_progress_since,
     first_wait_warning where known."""
-    return {k: v for k, v in _flat(h).items() if v is not None or k in _HANG_ALWAYS}
+    out = {k: v for k, v in _flat(h).items() if v is not None or k in _HANG_ALWAYS}
+    if h.stuck_rank is not None:
+        out["stuck_rank"] = {**h.stuck_rank.to_contract(), "text": h.stuck_rank.sentence()}
+    return out
 
 
 _HANG_ALWAYS = ("last_progress", "detected_at", "detected_by")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from xpu_serve.analysis.stuck import StuckRank
 from xpu_serve.events import Event
 from xpu_serve.signatures import Signature
 
@@ -92,6 +93,7 @@ class Hang:
     delay_s: float | None = None
     no_progress_since: str | None = None
     first_wait_warning: str | None = None
+    stuck_rank: StuckRank | None = None
 
 
 @dataclass(frozen=True, slots=True)

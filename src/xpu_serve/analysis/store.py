@@ -14,6 +14,7 @@ from typing import Any
 
 from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
 from xpu_serve.analysis.incident import Group
+from xpu_serve.analysis.kernel_owner import KernelOwners
 from xpu_serve.analysis.rules import Rules, load_rules
 from xpu_serve.events import Event, parse_line
 from xpu_serve.incarnation import Trigger
@@ -54,6 +55,9 @@ class EvidenceStore:
         self.last_stats: Any = None
         self.stall_stats: Any = None  # first zero-throughput stats with work after last progress
         self.facts_hang: Event | None = None
+        self.rank_states: Event | None = None  # the supervisor's `rank-states` fact of a hang
+        # a bundle's processes: its kernel records of other programs are dropped (cli/diagnose.py)
+        self.kernel_owners: KernelOwners | None = None
         # a GPU driver's own fault records (rows with opens_burst): see rootdeath.primary_gpu_fault
         self._burst_openers = frozenset(r.id for r in self.table.rows if r.extra.get("opens_burst"))
         # an input that holds several starts of vLLM (a whole journal pasted: incident, restart,

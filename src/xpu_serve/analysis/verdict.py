@@ -23,6 +23,7 @@ from xpu_serve.analysis.incident import Incident, RootEvidence
 from xpu_serve.analysis.rootdeath import primary_gpu_fault, root_evidence
 from xpu_serve.analysis.stall import startup_cause, startup_verdict
 from xpu_serve.analysis.store import EvidenceStore
+from xpu_serve.analysis.stuck import name_stuck_rank
 from xpu_serve.analysis.supervised import complete
 from xpu_serve.analysis.timeorder import boot, cmp_time
 from xpu_serve.analysis.work import Ctx, Work
@@ -81,6 +82,7 @@ def verdict(cx: Ctx) -> Incident:
         startup_verdict(cx, v)
     if v.cause == "engine-hang" or (v.root is not None and v.root.cause in ("engine-hang", "startup-hang")):
         hang_verdict(cx, v)
+        name_stuck_rank(v.inc, cx.st.rank_states, cx.parts.root_of)
     finish(cx, v)
     return v.inc
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from xpu_serve import exitcodes
+from xpu_serve.analysis.kernel_owner import KernelOwners, owners, recorded_processes
 from xpu_serve.facts import FACTS_LOG
+from xpu_serve.incarnation import ProcessInfo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +95,19 @@ def bundle_inputs(d: str | Path) -> list[str] | None:
         return None
 
 
+def bundle_owners(bundles: list[str]) -> KernelOwners | None:
+    """The kernel-record owners of the bundles (analysis/kernel_owner.py): the processes their
+    incident.json recorded, or None (no bundle, or none recorded: every pid is eligible). The
+    kernel prints these pids only when every bundle says so (`initial_pid_ns`)."""
+    procs: list[ProcessInfo] = []
+    initial = True
+    for b in bundles:
+        got, ns = recorded_processes(b)
+        procs += got
+        initial = initial and ns is True
+    return KernelOwners(owners(procs, initial)) if procs else None
+
+
 def _live_exits(bundle: str) -> list[str]:
     """The process exits the supervisor saw itself (pidfd, proc connector), from the bundle's
     incident.json `supervisor.processes` (xpu_serve.bundle): ["Worker_TP1 (pid 9136) killed by
@@ -140,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     an = Analyzer()
     an.dedup = len(paths) > 1  # copies of a line in several files of one incident count once
+    an.kernel_owners = bundle_owners(bundles)
     inputs: list[str | tuple[str, BinaryIO]] = []
     for p in paths:
         if p != "-":

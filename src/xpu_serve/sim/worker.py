@@ -226,7 +226,7 @@ class WorkerProc:
             if self.serving_at is not None and pending:
                 due = min(self.serving_at + self.cfg.scaled(f.after or 0.0) for f in pending)
                 timeout = max(0.0, due - time.monotonic())
-            msg = self.conn.recv() if self.conn.poll(timeout) else None
+            msg = self.acquire_read(timeout)
             if msg is not None and msg[0] == "serving":
                 self.serving_at = time.monotonic()
                 continue
@@ -239,6 +239,13 @@ class WorkerProc:
                 self.execute_model(msg, None)
             elif msg is not None and msg[0] == "peer-lost":
                 worker_faults.collective_failed(self.conn, self.rank, int(msg[1]), str(msg[2]))
+
+    def acquire_read(self, timeout: float | None) -> tuple | None:
+        """The next message from the EngineCore within `timeout` s (None: wait), or None. Named
+        after the wait of vLLM's idle worker (vllm/distributed/device_communicators/shm_broadcast.py
+        MessageQueue.acquire_read, under worker_busy_loop's dequeue), so a py-spy dump of a
+        simulated rank waiting for its next step shows the frame a real one shows."""
+        return self.conn.recv() if self.conn.poll(timeout) else None
 
     def execute_model(self, msg: tuple | None, fault: Fault | None) -> None:
         """One forward pass (1/token_rate s), or the scripted fault if one is due."""

@@ -779,6 +779,30 @@ def open_source(
 # Correlation with the live incarnation
 
 
+GPU_DRIVERS = ("xe ", "i915 ")  # the kernel drivers whose records `is_gpu_fault` reads by wording
+
+
+def is_gpu_fault(ev: Event, cause: str | None = None) -> bool:
+    """An xe/i915 device fault record (engine reset, job timeout, page fault, GuC error, wedged):
+    its cause (`ev.cause`, or `cause` when the caller classified it) is gpu-fault, or its wording."""
+    if ev.cause == "gpu-fault" or cause == "gpu-fault":
+        return True
+    t = ev.text
+    return t.startswith(GPU_DRIVERS) and any(
+        w in t
+        for w in ("Engine reset", "Timedout job", "page fault", "GuC", "wedged", "GPU HANG", "CAT error")
+    )
+
+
+def attributable(ev: Event, ours: bool, cause: str | None = None) -> bool:
+    """The ownership rule of kernel records, live (KernelWatcher.handle) and offline (a bundle's
+    kernel.log: analysis/kernel_owner.py): a record may be evidence of the incident when it is
+    about one of the supervised tree's processes (`ours`: `Correlator.match`), names no pid, or
+    is a GPU device fault (device-wide: whichever job it names, the device is the tree's). Another
+    program's segfault, trap or OOM kill (a pid that is not the tree's) is not."""
+    return ours or ev.pid is None or is_gpu_fault(ev, cause)
+
+
 def comm_of_title(title: str) -> str:
     """The kernel's comm for a process title: cut to 15 bytes ("VLLM::Worker_TP0" -> "VLLM::Worker_TP")."""
     return title.encode("utf-8")[: TASK_COMM_LEN - 1].decode("utf-8", "ignore")

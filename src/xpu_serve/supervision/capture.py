@@ -28,6 +28,7 @@ from xpu_serve.analysis.supervised import fallback_cause
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import Observer, ProcessInfo, Trigger, Watcher
+from xpu_serve.sources.kernel import in_initial_pid_namespace
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 
@@ -180,6 +181,8 @@ class Capture:
             "ready_at": ctx.ready_at,
             "failed_at": trig.at,
             "processes": [vars(p).copy() for p in ctx.processes.values()],
+            # whether the kernel prints these pids (diagnose BUNDLE's kernel ownership rule)
+            "initial_pid_ns": in_initial_pid_namespace(),
         }
         return Captured(contract, incident, None, restarts=restarts)
 
