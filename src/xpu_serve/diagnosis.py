@@ -45,7 +45,7 @@ from xpu_serve.analysis.incident import Incident
 from xpu_serve.analysis.store import MAX_GROUPS, MAX_PER_SIGNATURE
 from xpu_serve.analysis.supervised import trigger_of
 from xpu_serve.analysis.timeorder import tkey as _tkey
-from xpu_serve.analysis.traceback import Step, TracebackTracker
+from xpu_serve.analysis.traceback import HEADER, Step, TracebackTracker, is_message_head
 from xpu_serve.analysis.verdict import VerdictMixin
 from xpu_serve.events import Event, kernel_message_info, parse_line, record_header_after, split_glued_records
 from xpu_serve.facts import FACTS_LOG, parse_fact_line
@@ -201,6 +201,8 @@ class Analyzer(VerdictMixin):
         self._tb = self.tracker.streams  # stream -> open traceback (read by the feeding loops)
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
+        # traceback group -> the logged exception's message before it, until its exception line
+        self._tb_heads: dict[int, Event] = {}
         self._tb_last_frame = self.tracker.last_frame  # traceback group -> its latest frame line
         self._last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
@@ -573,6 +575,7 @@ class Analyzer(VerdictMixin):
         in_tb = False
         if ev.source in ("vllm", "text"):
             pid = ev.pid
+            head = self._message_head(ev, file, lineno) if ev.text.startswith(HEADER) else None
             got = self.tracker.read(
                 ev,
                 (file, pid),
@@ -586,10 +589,56 @@ class Analyzer(VerdictMixin):
             in_tb = got.in_tb
             if got.group is not None:
                 ev.group = got.group
+                if head is not None:
+                    self._tb_heads[got.group] = head
+                    if len(self._tb_heads) > 4096:
+                        del self._tb_heads[next(iter(self._tb_heads))]
+                elif in_tb:
+                    self._tb_heads.pop(got.group, None)  # the exception line itself names the error
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None
         return ev
+
+    def _message_head(self, header: Event, file: str, lineno: int) -> Event | None:
+        """The logged exception's message record right before the traceback `header` opens
+        (analysis/traceback.py is_message_head), when no row classified it, during start-up; else
+        None. Once the engine serves, a logged error with a traceback may be one request's, or the
+        detection of a hang (V0's "Engine background task failed" after an iteration timeout):
+        its message alone does not name a failure."""
+        if self.ready or (file, header.pid) in self._tb:
+            return None
+        prev = self.pid_last_raw.get(header.pid) if header.pid is not None else None
+        if prev is not None and prev[1] == file:
+            raw, at = prev[0], prev[2]
+        else:
+            raw, at = self._last_line.get(file), lineno - 1
+        if raw is None:
+            return None
+        pev = parse_line(raw, file, at)
+        if not is_message_head(pev, header) or _REQUEST_HANDLER_LOC_RE.match(pev.code_location or ""):
+            return None  # (a request handler's exception is one rejected request, see _match)
+        return pev if self.table.match(pev, False) is None else None
+
+    def incident(self) -> Incident:
+        """The verdict (analysis/verdict.py); first, when nothing else names a failure or detects a
+        hang, the message of each logged exception whose traceback was cut before its exception
+        line stands for that exception."""
+        sig = self.table.by_id[self._row["generic_exception"]]
+        hang = ("engine-hang", "startup-hang")
+        if self.roots or any(self.table.by_id[sid].cause in hang for sid in self.precursors) or any(
+            g.sig.cause in hang for g in self.groups.values()
+        ):
+            self._tb_heads.clear()
+        for group, ev in self._tb_heads.items():
+            ev.signature, ev.role, ev.cause, ev.group = sig.id, sig.role, sig.cause, group
+            ev.extra["_order"] = group
+            frame = self._tb_last_frame.get(group)
+            if frame is not None and _CONFIG_FRAME_RE.search(frame):
+                ev.cause = "config-error"
+            self._root(ev, sig, ev.file or "", ev.line or 0)
+        self._tb_heads.clear()
+        return super().incident()
 
     def _dump_frame(self, ev: Event, file: str, lineno: int) -> None:
         """A frame line while a crash dump waits for its first frame (Python or native)."""
