@@ -609,10 +609,10 @@ class Analyzer(VerdictMixin):
         if self.ready or (file, header.pid) in self._tb:
             return None
         prev = self.pid_last_raw.get(header.pid) if header.pid is not None else None
+        raw: str | None = self._last_line.get(file)
+        at = lineno - 1
         if prev is not None and prev[1] == file:
             raw, at = prev[0], prev[2]
-        else:
-            raw, at = self._last_line.get(file), lineno - 1
         if raw is None:
             return None
         pev = parse_line(raw, file, at)
