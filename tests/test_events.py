@@ -383,6 +383,19 @@ def test_non_english_journal_months() -> None:
     assert parse_line("INFO 03-15 17:24:17 [pynccl.py:69] vLLM is using nccl==2.25.1").source == "vllm"
 
 
+def test_journal_lines_whose_host_the_poster_cut_out() -> None:
+    # a journalctl excerpt posted without the host column (a user's ollama log, quoted in a public
+    # ChatGPT-export note: "Aug 09 17:25:55 ollama[2540]: decode: ...")
+    ev = parse_line("Aug 09 17:25:55 ollama[2540]: decode: cannot decode batches with this context (use llama_encode() instead)")
+    assert (ev.pid, ev.time_text) == (2540, "Aug 09 17:25:55")
+    assert ev.text == "decode: cannot decode batches with this context (use llama_encode() instead)"
+    # with the host the same; without a "[pid]" tag a word after the stamp is not taken as one
+    ev = parse_line("Aug 13 16:58:56 host1 ollama[3010374]: ROCm error: out of memory")
+    assert (ev.pid, ev.text) == (3010374, "ROCm error: out of memory")
+    assert parse_line("Jun 18 22:16:41 note: hello").text == "Jun 18 22:16:41 note: hello"
+    assert parse_line("Jun 18 22:16:41 kernel: amdgpu 0000:03:00.0: x").source == "kernel"
+
+
 def test_short_iso_journal_and_compose_timestamps() -> None:
     # journalctl -o short-iso: ISO stamp, host, "kernel:"
     for stamp in ("2026-03-26T04:12:20.123456+01:00", "2026-03-26T04:12:20+0100"):

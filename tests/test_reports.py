@@ -443,3 +443,41 @@ def test_launcher_exit_status_is_a_crash_only_for_crash_signals(tmp_path: Path) 
 )
 def test_gt_not_responding_records_are_gpu_faults(tmp_path: Path, line: str) -> None:
     assert _verdict_of(tmp_path, line + "\n")["cause"] == "gpu-fault"
+
+
+# the first lines of the MQLLMEngine's logged exception in tenstorrent/tt-inference-server#808 (V0
+# engine.py run_mp_engine: logger.exception(e) writes str(e), then the traceback, same prefix)
+_LOGGED_EXC = (
+    "Process SpawnProcess-2:\n"
+    "ERROR 10-07 02:08:24 [engine.py:506] name 'test' is not defined\n"
+    "ERROR 10-07 02:08:24 [engine.py:506] Traceback (most recent call last):\n"
+    'ERROR 10-07 02:08:24 [engine.py:506]   File "/home/container_app_user/vllm/vllm/engine/multiprocessing/engine.py", line 493, in run_mp_engine\n'
+    "ERROR 10-07 02:08:24 [engine.py:506]     engine = MQLLMEngine.from_vllm_config(\n"
+)
+
+
+def test_logged_exception_cut_inside_its_traceback_is_named_by_its_message(tmp_path: Path) -> None:
+    got = _verdict_of(tmp_path, _LOGGED_EXC)
+    assert (got["cause"], got["root"]["line"]) == ("process-exception", 2), got["summary"]
+    assert got["root"]["text"] == "name 'test' is not defined"
+    # with its exception line the traceback names the error itself, and the message is not evidence
+    whole = _LOGGED_EXC + "ERROR 10-07 02:08:24 [engine.py:506] NameError: name 'test' is not defined\n"
+    got = _verdict_of(tmp_path, whole)
+    assert (got["cause"], got["root"]["line"]) == ("process-exception", 6)
+    assert [t["line"] for t in got["timeline"] if t["role"] == "root"] == [6]
+    # a line at another level or from another code location is not the traceback's head
+    for other in ("INFO 10-07 02:08:24 [engine.py:506] name", "ERROR 10-07 02:08:24 [engine.py:300] name"):
+        text = _LOGGED_EXC.replace("ERROR 10-07 02:08:24 [engine.py:506] name", other, 1)
+        assert _verdict_of(tmp_path, text)["cause"] == "unknown", other
+
+
+def test_request_handler_logged_exception_cut_in_its_traceback_is_not_a_failure(tmp_path: Path) -> None:
+    # LMCache/LMCache#411: an OpenAI request handler logs the rejected request's exception
+    # (serving_chat.py), the engine goes on: its message is never the root of an incident
+    text = (
+        "ERROR 03-17 08:02:04 serving_chat.py:596] Error in chat completion stream generator.\n"
+        "ERROR 03-17 08:02:04 serving_chat.py:596] Traceback (most recent call last):\n"
+        'ERROR 03-17 08:02:04 serving_chat.py:596]   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", line 320, in chat_completion_stream_generator\n'
+        "ERROR 03-17 08:02:04 serving_chat.py:596]     async for res in result_generator:\n"
+    )
+    assert _verdict_of(tmp_path, text)["cause"] == "unknown"

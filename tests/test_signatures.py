@@ -550,3 +550,81 @@ def test_fence_expiration_names_the_process_of_the_request() -> None:
     got = TABLE.match(ev, in_traceback=False)
     assert got is not None and got[0].id == "i915-fence-expiration"
     assert got[1].group("comm", "pid", "device") == ("server", "5816", "0000:03:00.0")
+
+
+@pytest.mark.parametrize(
+    ("line", "row", "cause"),
+    [
+        # the Go runtime's fatal-signal report (runtime/signal_unix.go): ollama/ollama#11951 (macOS, a
+        # cgo call into llama.cpp's grammar code), yalue/onnxruntime_go#95; a Go panic's signal line
+        # (runtime/panic.go dopanic_m): fiatjaf/njump#65
+        ("SIGSEGV: segmentation violation", "go-runtime-fatal-signal", "process-crash"),
+        ("PC=0x10320b98c m=11 sigcode=2 addr=0xfffffffffffffff8", "go-runtime-fatal-signal", "process-crash"),
+        ("PC=0x1a1090d0e m=0 sigcode=1 addr=0x20", "go-runtime-fatal-signal", "process-crash"),
+        (
+            "[signal SIGSEGV: segmentation violation code=0x1 addr=0x98 pc=0xe1d30f]",
+            "go-runtime-fatal-signal",
+            "process-crash",
+        ),
+        # a requested goroutine dump, and prose naming a signal, are not crashes
+        ("SIGQUIT: quit", None, None),
+        ("SIGSEGV: segmentation violation when I load the second model", None, None),
+        # ggml's CUDA backend error report, HIP build (ggml-cuda.cu ggml_cuda_error): ggml-org/llama.cpp#22013
+        ("ROCm error: invalid device function", "gpu-runtime-error", "process-exception"),
+        ("ROCm error: out of memory", "torch-out-of-memory", "device-oom"),
+        ("MUSA error: out of memory", "torch-out-of-memory", "device-oom"),
+        # i915's guilty-context record (gt/intel_reset.c mark_guilty), from a dmesg posted to LKML
+        # ("5.13 i915/PAT regression on Brasswell", Hans de Goede, 2021-05-12)
+        (
+            "[   58.341267] i915 0000:00:02.0: [drm] gnome-shell[632] context reset due to GPU hang",
+            "i915-context-reset",
+            "gpu-fault",
+        ),
+        # a Level Zero IPC-handle call and its error without oneCCL's prefix: the prose of
+        # SergiioB/intel-arc-pro-b70-inference-cookbook#8 and the title of intel/llm-scaler#486; code
+        # calling it is not an error
+        (
+            "All three vLLM variants crash identically (same `zeMemOpenIpcHandle: INVALID_ARGUMENT`, same call site)",
+            "ze-ipc-handle-error",
+            "collective-failure",
+        ),
+        (
+            "Dual Arc Pro B70 TP=2 fails at oneCCL zeMemOpenIpcHandle (ZE_RESULT_ERROR_INVALID_ARGUMENT)",
+            "ze-ipc-handle-error",
+            "collective-failure",
+        ),
+        ("  return zeMemCloseIpcHandle(", None, None),
+        # vLLM's start-up free-memory check (v1/worker/utils.py request_memory): vllm-project/vllm#20305
+        # (no device in the message, 0.9.x), noonghunna/club-3090#4 (with the device)
+        (
+            "ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired GPU memory "
+            "utilization (0.95, 45.01 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+            "free-memory-below-utilization",
+            "config-error",
+        ),
+    ],
+)
+def test_go_runtime_ggml_i915_and_startup_memory_shapes(
+    line: str, row: str | None, cause: str | None
+) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+    assert (got[0].cause if got else None) == cause
+
+
+def test_go_runtime_and_i915_rows_name_the_signal_and_the_process() -> None:
+    from xpu_serve.diagnosis import death_signal
+
+    for line, signal in (
+        ("SIGBUS: bus error", "SIGBUS"),
+        ("[signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x75c397]", "SIGSEGV"),
+    ):
+        ev = parse_line(line)
+        got = TABLE.match(ev, in_traceback=False)
+        assert got is not None
+        ev.extra.update({k: v for k, v in got[1].groupdict().items() if v is not None})
+        assert death_signal(ev) == signal
+    got = TABLE.match(
+        parse_line("i915 0000:00:02.0: [drm] WorldOfTanks.ex[6444] context reset due to GPU hang")
+    )
+    assert got is not None and got[1].group("comm", "pid") == ("WorldOfTanks.ex", "6444")

@@ -129,6 +129,7 @@ class Analyzer(EvidenceStore):
     def incident(self) -> Incident:
         """The verdict over everything fed so far (analysis/verdict.py); never raises, may be
         called repeatedly."""
+        self._cls.heads.flush()
         return verdict.incident(self)
 
     def lines_read(self, file: str) -> int:

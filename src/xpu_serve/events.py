@@ -128,8 +128,11 @@ _DMESG_T_RE = re.compile(
 _ISO_RE = re.compile(r"\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?\s+")
 # month abbreviations of any locale ("Mar", "Mär", "mars", "févr.", "ene"): journalctl prints
 # strftime's %b, so a non-English host writes its own month names (the order stays "%b %d").
+# The host is absent when the poster cut it out of a journal excerpt ("Jun 18 22:16:41
+# ollama[116408]: ..."): then only an identifier with its "[pid]" is taken as the tag.
 _SYSLOG_RE = re.compile(
-    r"((?:[^\W\d_]{3,5}\.?|\d{1,2}月) [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? (\S+) ([^\s\[:]+)(?:\[(\d+)\])?: ?"
+    r"((?:[^\W\d_]{3,5}\.?|\d{1,2}月) [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? (?:(?=[^\s\[:]+\[\d+\]: )|(\S+) )"
+    r"([^\s\[:]+)(?:\[(\d+)\])?: ?"
 )
 _MID_PREFIX_RE = re.compile(
     r"\([A-Za-z][\w:./-]*(?: (?:TP|rank=)\d+)? pid=\d+(?:, ip=[\w.:\[\]-]+)?\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from xpu_serve.analysis.crashdump import CrashDumps
 from xpu_serve.analysis.dedup import Dedup
+from xpu_serve.analysis.msghead import MessageHeads
 from xpu_serve.analysis.store import MAX_PER_SIGNATURE, EvidenceStore
 from xpu_serve.analysis.timeorder import tkey as _tkey
-from xpu_serve.analysis.traceback import Step, TracebackTracker
+from xpu_serve.analysis.traceback import HEADER, Step, TracebackTracker
 from xpu_serve.events import Event, kernel_message_info, parse_line
 from xpu_serve.signatures import Signature
 
@@ -70,6 +71,7 @@ class Classifier:
         self._last_coredump: dict[str, tuple[int, Event]] = {}
         self.dumps = CrashDumps()
         self.dups = Dedup()
+        self.heads = MessageHeads(self, _REQUEST_HANDLER_LOC_RE, _CONFIG_FRAME_RE)
         # the restart line's own time (month, day, h, m, s, us) when it has one: kernel records
         # read from another file (dmesg -T, ISO stamps) are placed before or after it by theirs
         self.restart_key: tuple[int, int, int, int, int, int] | None = None
@@ -85,6 +87,7 @@ class Classifier:
             self._last_coredump,
             self.tracker.streams,
             self.tracker.last_frame,
+            self.heads.heads,
         ):
             d.clear()
         self.tracker.check = 0
@@ -109,6 +112,7 @@ class Classifier:
         in_tb = False
         if ev.source in ("vllm", "text"):
             pid = ev.pid
+            head = self.heads.before(ev, file, lineno) if ev.text.startswith(HEADER) else None
             got = self.tracker.read(
                 ev,
                 (file, pid),
@@ -122,6 +126,7 @@ class Classifier:
             in_tb = got.in_tb
             if got.group is not None:
                 ev.group = got.group
+                self.heads.read(got.group, head, in_tb)
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None

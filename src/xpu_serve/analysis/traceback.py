@@ -24,7 +24,8 @@ from xpu_serve.events import Event
 EXC_LINE_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
 )
-_HEADER = "Traceback (most recent call last)"
+HEADER = "Traceback (most recent call last)"
+_EXC_LEVELS = ("ERROR", "CRITICAL")  # the levels logger.exception / logger.critical write at
 _CHAINED = ("During handling", "The above exception")
 # a native frame in a Python-style dump (tvm-ffi's and other native crash handlers print C frames
 # as `File "<unknown>", line 0, in 0x7f...`): no source line follows it, as CPython's
@@ -97,7 +98,7 @@ class TracebackTracker:
         indent."""
         text = ev.text
         st = self.streams.get(key)
-        if text.startswith(_HEADER) or (_HEADER in text and text.rstrip().endswith(":")):
+        if text.startswith(HEADER) or (HEADER in text and text.rstrip().endswith(":")):
             if st is None or st.state is not TbState.EXCEPTION:
                 st = Stream(TbState.FRAMES, order, order)
             else:
@@ -181,6 +182,25 @@ class TracebackTracker:
         # shape); classify it as the exception line, then close
         del self.streams[key]
         return Read(Step.CLASSIFY, True, st.group)
+
+
+def is_message_head(prev: Event, header: Event) -> bool:
+    """`prev` is the message of the logged exception whose traceback `header` opens: vLLM's
+    `logger.exception(e)` (vllm/engine/multiprocessing/engine.py run_mp_engine, v1/engine/core.py
+    run_engine_core) writes str(e) as an ERROR record, then the traceback line by line with the same
+    level, prefix and `[file.py:N]`; the exception line at the end names the class. When the paste
+    is cut inside the traceback, the message is all that says what was raised."""
+    return (
+        header.source == "vllm"
+        and prev.source == "vllm"
+        and prev.level in _EXC_LEVELS
+        and prev.level == header.level
+        and prev.code_location is not None
+        and prev.code_location == header.code_location
+        and prev.pid == header.pid
+        and bool(prev.text.strip())
+        and not prev.text.startswith(HEADER)
+    )
 
 
 def _after_frame(frame: str) -> TbState:

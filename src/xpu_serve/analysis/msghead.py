@@ -1,0 +1,80 @@
+"""A logged exception whose traceback was cut before its exception line: its message stands for it.
+
+vLLM's `logger.exception(e)` (vllm/engine/multiprocessing/engine.py run_mp_engine,
+vllm/v1/engine/core.py run_engine_core) writes str(e) as an ERROR record, then the traceback line
+by line with the same level, prefix and `[file.py:N]`; the exception line at its end names the
+class. When a paste is cut inside the traceback, the message record before it is all that says
+what was raised (analysis/traceback.py is_message_head). It counts only during start-up and only
+when nothing else names a failure or detects a hang: once the engine serves, a logged error with
+a traceback may be one request's, or the detection of a hang (V0's "Engine background task
+failed" after an iteration timeout).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from xpu_serve.analysis.traceback import is_message_head
+from xpu_serve.events import Event, parse_line
+
+if TYPE_CHECKING:
+    from xpu_serve.analysis.classify import Classifier
+
+_MAX_OPEN = 4096  # open tracebacks remembered (oldest dropped first)
+_HANG_CAUSES = ("engine-hang", "startup-hang")
+
+
+class MessageHeads:
+    """Traceback group -> the message record logged right before it, until its exception line."""
+
+    def __init__(self, cls: Classifier, request_handler_loc: re.Pattern[str], config_frame: re.Pattern[str]):
+        self.cls, self._request_loc, self._config_frame = cls, request_handler_loc, config_frame
+        self.heads: dict[int, Event] = {}
+
+    def before(self, header: Event, file: str, lineno: int) -> Event | None:
+        """The message record right before the traceback `header` opens, when no row classified
+        it and the engine is not serving yet; else None."""
+        st = self.cls.st
+        if st.ready or (file, header.pid) in self.cls.tracker.streams:
+            return None
+        prev = st.pid_last_raw.get(header.pid) if header.pid is not None else None
+        raw: str | None = st._last_line.get(file)
+        at = lineno - 1
+        if prev is not None and prev[1] == file:
+            raw, at = prev[0], prev[2]
+        if raw is None:
+            return None
+        pev = parse_line(raw, file, at)
+        if not is_message_head(pev, header) or self._request_loc.match(pev.code_location or ""):
+            return None  # a request handler's exception is one rejected request
+        return pev if st.table.match(pev, False) is None else None
+
+    def read(self, group: int, head: Event | None, in_tb: bool) -> None:
+        """After the tracker placed a line in traceback `group`: remember the head of a traceback
+        it opened; forget it once the traceback goes on (its exception line names the error)."""
+        if head is not None:
+            self.heads[group] = head
+            if len(self.heads) > _MAX_OPEN:
+                del self.heads[next(iter(self.heads))]
+        elif in_tb:
+            self.heads.pop(group, None)
+
+    def flush(self) -> None:
+        """Before the verdict: each remembered message becomes a generic-exception root (a config
+        error when its traceback's last frame is a config check), unless something else names a
+        failure or a hang."""
+        st, cls = self.cls.st, self.cls
+        if st.roots or any(st.table.by_id[sid].cause in _HANG_CAUSES for sid in st.precursors) or any(
+            g.sig.cause in _HANG_CAUSES for g in st.groups.values()
+        ):
+            self.heads.clear()
+        sig = st.table.by_id[st._row["generic_exception"]]
+        for group, ev in self.heads.items():
+            ev.signature, ev.role, ev.cause, ev.group = sig.id, sig.role, sig.cause, group
+            ev.extra["_order"] = group
+            frame = cls.tracker.last_frame.get(group)
+            if frame is not None and self._config_frame.search(frame):
+                ev.cause = "config-error"
+            cls._root(ev, sig, ev.file or "", ev.line or 0)
+        self.heads.clear()
