@@ -144,8 +144,23 @@ class GroupWatcher:
 
     async def _run_head(self, ctx: IncarnationContext) -> None:
         assert self.head is not None
-        head, g = self.head, self.g
+        head = self.head
         failed = _failed_event(ctx)
+        try:
+            await self._watch_members(ctx, failed)
+        finally:
+            # the head's incarnation failed (here or on a follower): the next epoch tells every
+            # follower. In `finally`: the supervisor may cancel this watch before its next poll.
+            if failed is not None and failed.is_set():
+                new = head.new_epoch()
+                self.warn(f"group: epoch {new}: every follower captures and stops; the head launches first")
+        await asyncio.Event().wait()
+
+    async def _watch_members(self, ctx: IncarnationContext, failed: asyncio.Event | None) -> None:
+        """Until the incarnation failed: fail it for a node unreachable past the peer timeout or
+        one that never joined `startup.stall_s` after the launch."""
+        assert self.head is not None
+        head, g = self.head, self.g
         stall_s = self.config.supervision.startup.stall_s
         while failed is None or not failed.is_set():
             now = time.time()
@@ -172,10 +187,6 @@ class GroupWatcher:
                     )
                 )
             await asyncio.sleep(POLL_S)
-        # the head's incarnation failed (here or on a follower): the next epoch tells every follower
-        new = head.new_epoch()
-        self.warn(f"group: epoch {new}: every follower captures and stops; the head launches first")
-        await asyncio.Event().wait()
 
     def _on_remote_incident(self, rec: ReceivedIncident) -> None:
         """A follower's death report (the channel's thread): its process exit goes into the head's
