@@ -197,6 +197,27 @@ def test_head_alone_rendezvous_stall_names_the_node_that_never_joined(tmp_path: 
         head.kill_all()
 
 
+def test_follower_stopped_while_waiting_for_its_head_launches_nothing(tmp_path: Path) -> None:
+    """A follower whose head never answers, stopped with SIGTERM while it waits to register:
+    no engine is launched, exit 0, nothing left."""
+    (tmp_path / "head").mkdir()
+    (tmp_path / "follower").mkdir()
+    _, fol = _pair(tmp_path)
+    try:
+        fol.start()
+        fol.wait_for(
+            lambda: any("waiting for the head" in e["msg"] for e in fol.events("group")), 60, "waiting for the head"
+        )
+        assert fol.proc is not None
+        fol.proc.send_signal(signal.SIGTERM)
+        assert fol.exit_code(60) == 0
+        assert fol.events("launched") == [], fol.events("launched")
+        assert any("stopped while waiting for the head" in e["msg"] for e in fol.events("group"))
+        _nothing_left(fol)
+    finally:
+        fol.kill_all()
+
+
 def test_head_worker_killed_follower_restarts_under_the_new_epoch(group: tuple[Up, Up]) -> None:
     head, fol = group
     (worker,) = _pids(head, "Worker_TP0")
