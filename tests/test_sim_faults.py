@@ -76,9 +76,11 @@ def _runtime_fault(
     kernel = tmp / "dmesg.txt"
     with SimRun(tmp, tp=4, faults=faults.replace("KERNEL", str(kernel)), scale=scale, env=env) as sim:
         sim.wait_ready(30)
+        # one probe before the request: a fault a few tokens in may beat the first poll on a loaded machine
+        health = [sim.get("/health", timeout=5)[0]]
         events: list[str] = []
         t = _stream_in_background(sim, chat, events)
-        health = _poll_health_until_exit(sim)
+        health += _poll_health_until_exit(sim)
         code = sim.wait_exit(30)
         t.join(10)
         survivors = sim.wait_gone(10)

@@ -261,8 +261,9 @@ class SimUp:
             f"no {name!r} event in {timeout}s; output:\n{(self.tmp / 'up.out').read_text()[-3000:]}"
         )
 
-    def bundle(self, timeout: float = 20) -> Path:
-        """The bundle path of the first incident."""
+    def bundle(self, timeout: float = 60) -> Path:
+        """The bundle path of the first incident (its `incident` event comes once the bundle is
+        finished, after the tree is stopped)."""
         ev = self.wait_event("incident", timeout)
         path = ev.get("bundle") or ev["msg"].rsplit("bundle ", 1)[1]
         return Path(path)

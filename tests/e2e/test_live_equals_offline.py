@@ -114,9 +114,11 @@ def test_another_programs_segfault_in_the_bundles_kernel_log_is_not_evidence(
     offline = _offline(bundle)
     assert offline["cause"] == live["cause"], (offline["summary"], live["summary"])
     assert _root(offline) == _root(live), (offline["root"], live["root"])
-    assert _counts(offline) == _counts(live)
-    # (a kernel record's notes and time differ live and offline: live names the correlated
-    # process and knows the boot time; that gap is not the foreign record's)
+    # the counts, notes and summary are those of the bundle without the foreign record: the
+    # xe copy-engine resets of a kernel= fault go on after the death, so how many of them the
+    # live verdict counted depends on when its watch was stopped; and a kernel record's notes and
+    # time differ live and offline (live names the correlated process and knows the boot time)
+    assert _counts(offline) == _counts(before)
     assert offline["notes"] == before["notes"]
     assert offline["summary"] == before["summary"]
     assert str(foreign_pid) not in json.dumps(offline["root"])
