@@ -11,7 +11,8 @@ The config loader (config.py) keeps its own pure-Python loader: its node limits 
 values; an edited table does not match its digest and is parsed again): building PyYAML's Python objects for the ~5,000 nodes of the tables
 costs ~25 ms of a ~0.15 s `diagnose`, and importing PyYAML ~15 ms more; `marshal.loads` of the
 same values takes ~1 ms. No cache is written when the directory is read-only, when
-`sys.dont_write_bytecode` is set (PYTHONDONTWRITEBYTECODE), or for values marshal cannot hold.
+`sys.dont_write_bytecode` is set (PYTHONDONTWRITEBYTECODE), or for values marshal cannot hold;
+only a regular file is read as a cache (a FIFO or device in its place is parsed around).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -53,7 +55,7 @@ def load_packaged(name: str) -> Any:
     digest = hashlib.blake2b(raw, digest_size=16).digest()
     cache = DATA_DIR / "__pycache__" / f"{name}.yaml.marshal"
     try:
-        held = marshal.loads(cache.read_bytes())
+        held = marshal.loads(_read_regular(cache))
         if isinstance(held, tuple) and len(held) == 2 and held[0] == digest:
             return held[1]
     except (OSError, ValueError, EOFError, TypeError):
@@ -67,6 +69,16 @@ def load_packaged(name: str) -> Any:
     if not sys.dont_write_bytecode:
         _write_cache(cache, (digest, data))
     return data
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of `path` when it is a regular file; OSError for anything else (a FIFO, whose
+    open would wait for a writer forever, a device such as /dev/zero, a directory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return f.read()
 
 
 def _write_cache(cache: Path, data: tuple[bytes, Any]) -> None:
