@@ -20,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import IO, Any
 
+from xpu_serve.fsread import read_regular
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
+_MAX_CACHE_BYTES = 64 << 20  # the largest table's cache is ~100 KiB
 
 
 def fast_safe_loader() -> Any:
@@ -55,7 +57,7 @@ def load_packaged(name: str) -> Any:
     digest = hashlib.blake2b(raw, digest_size=16).digest()
     cache = DATA_DIR / "__pycache__" / f"{name}.yaml.marshal"
     try:
-        held = marshal.loads(_read_regular(cache))
+        held = marshal.loads(read_regular(cache, _MAX_CACHE_BYTES) or b"")
         if isinstance(held, tuple) and len(held) == 2 and held[0] == digest:
             return held[1]
     except (OSError, ValueError, EOFError, TypeError):
@@ -69,16 +71,6 @@ def load_packaged(name: str) -> Any:
     if not sys.dont_write_bytecode:
         _write_cache(cache, (digest, data))
     return data
-
-
-def _read_regular(path: Path) -> bytes:
-    """The bytes of `path` when it is a regular file; OSError for anything else (a FIFO, whose
-    open would wait for a writer forever, a device such as /dev/zero, a directory)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        return f.read()
 
 
 def _write_cache(cache: Path, data: tuple[bytes, Any]) -> None:
