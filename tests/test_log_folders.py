@@ -84,3 +84,20 @@ def test_recovery_never_writes_into_a_folder_outside_the_bundles_dir(tmp_path: P
     assert recovery._begun_bundle(rt, 7) is None
     (rt / "bundles" / "real").mkdir()
     assert recovery._begun_bundle(rt, str(rt / "bundles" / "real")) == rt / "bundles" / "real"
+
+
+def test_a_recovery_cut_in_turn_keeps_the_first_captures_files(tmp_path: Path) -> None:
+    """The folder a cut capture began is finished by the recovery; when that recovery is cut too,
+    the next one keeps the capture's own files in cut-capture/ (not the recovery's half copies)."""
+    rt = tmp_path / "rt"
+    b = rt / "bundles" / "20261202T000000Z-i1-process-crash"
+    b.mkdir(parents=True)
+    (b / "incident.json").write_text('{"cause": "process-crash", "from": "capture"}')
+    (b / "stacks.txt").write_text("live stacks")
+    recovery._set_aside(b)
+    (b / "incident.json").write_text('{"cause": "process-crash", "from": "recovery 1"}')
+    recovery._set_aside(b)
+    keep = b / "cut-capture"
+    assert sorted(p.name for p in keep.iterdir()) == ["incident.json", "stacks.txt"]
+    assert '"capture"' in (keep / "incident.json").read_text()
+    assert (keep / "stacks.txt").read_text() == "live stacks"

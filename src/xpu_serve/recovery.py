@@ -257,6 +257,8 @@ def _set_aside(cut: Path) -> None:
         if names:
             keep.mkdir(exist_ok=True, mode=0o700)
         for n in names:
+            if os.path.lexists(keep / n):  # a recovery cut in turn: the first capture's copy stays
+                continue
             with contextlib.suppress(OSError):
                 os.rename(cut / n, keep / n)
 
