@@ -280,3 +280,50 @@ def test_late_incident_of_the_ended_epoch_is_recorded_a_heartbeat_refused(head: 
     assert (rec.incident.epoch, rec.incident.pid, rec.incident.signal) == (1, 4242, "SIGKILL")
     assert rec.head_time is not None  # the ended epoch's clock offset applied
     assert h.membership.members() == []
+
+
+def _raw(port: int, data: bytes, wait_s: float) -> bytes:
+    """Send `data` on a fresh TCP connection; everything the head answers until it closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(wait_s)
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def test_hostile_connections_cost_a_refusal_or_a_drop_never_a_traceback(
+    head: tuple[GroupHead, str], capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signature header with non-ASCII bytes made the handler raise TypeError (hmac's
+    compare_digest), printed as a traceback with no answer; a peer that sends part of a request
+    and waits held a listener thread forever; one that hung up mid-body printed a BrokenPipe
+    traceback. Now: 401, a drop after the read timeout, a silent drop; the head still answers."""
+    from xpu_serve.group import channel
+
+    monkeypatch.setattr(channel._Handler, "timeout", 0.5)
+    h, url = head
+    port = int(url.rsplit(":", 1)[1])
+    sig = _raw(port, b"POST /group/v1/register HTTP/1.0\r\nContent-Length: 2\r\nX-Group-Time: 1\r\n"
+                     b"X-Group-Nonce: n\r\nX-Group-Signature: \xe9\xe9\r\n\r\n{}", 10)
+    assert sig.startswith(b"HTTP/1.0 401 "), sig[:200]
+    assert json.loads(sig.split(b"\r\n\r\n", 1)[1])["error"] == "bad signature: not signed with the group's secret"
+    t0 = time.monotonic()
+    stalled = _raw(port, b"POST /group/v1/register HTTP/1.0\r\nContent-Length: 100\r\n\r\n{", 20)
+    assert stalled == b"" and time.monotonic() - t0 < 15  # dropped by the head, not by our wait
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as s:  # hangs up mid-body
+        s.sendall(b"POST /group/v1/register HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
+    time.sleep(0.3)
+
+    async def go() -> None:
+        async with GroupFollower(url, SECRET, node_rank=1) as f:
+            assert (await f.register(pid=os.getpid()))["epoch"] == 1
+
+    asyncio.run(go())
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err

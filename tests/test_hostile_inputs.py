@@ -274,3 +274,41 @@ def test_status_check_and_stop_with_a_fifo_for_the_lock_file(tmp_path: Path) -> 
     assert (r.returncode, r.stdout) == (2, f"no supervisor: none holds the lock of {rt}\n")
     r = _xs("stop", "--runtime-dir", str(rt), timeout=20)
     assert "Traceback" not in r.stderr and r.returncode in (exitcodes.OK, exitcodes.FAILURE), r
+
+
+@pytest.mark.parametrize(("ranks", "named"), [
+    ([{"rank": 0, "state": ["T"], "wait": "all_reduce"}, {"rank": 1, "state": "S", "wait": "all_reduce"}],
+     None),
+    ([{"rank": 0, "state": "T", "pid": "x", "process": {"a": 1}}, {"rank": 1, "state": "S", "wait": {"a": 1}}],
+     "worker (rank 0) stopped (state T)"),
+    ([{"rank": 0, "state": "S", "pid": [1], "process": 5, "wait": "outside"},
+      {"rank": 1, "state": "S", "wait": "all_reduce"}],
+     "worker (rank 0) is outside the collective while rank 1 waits in all_reduce"),
+], ids=["list-state", "dict-process", "int-process"])
+def test_diagnose_bundle_with_a_garbage_rank_states_fact(
+    tmp_path: Path, ranks: list[dict[str, Any]], named: str | None
+) -> None:
+    """A rank-states fact in a bundle's facts.log with fields of the wrong type (a list for a
+    state, a dict or int for a process) ended `diagnose BUNDLE` in a TypeError. The stuck rank is
+    still named from the fields that are well typed, exit 0."""
+    from datetime import datetime
+
+    from xpu_serve import facts
+
+    b = _bundle(tmp_path)
+    (b / "incident.json").write_text("{}")
+    (b / "logs" / "1").mkdir()
+    (b / "logs" / "1" / "vllm.log").write_text(
+        "(EngineCore_DP0 pid=10) INFO 12-02 05:00:00 [core.py:1] engine started\n"
+    )
+    lines = [facts.to_line(facts.rank_states(ranks), 1),
+             facts.to_line(facts.hang(92.0, 1, 0, datetime(2026, 12, 2, 5, 0, 0)), 1)]
+    (b / "logs" / "1" / facts.FACTS_LOG).write_text("\n".join(lines) + "\n")
+    r = _xs("diagnose", str(b))
+    assert r.returncode == exitcodes.OK, r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith("VERDICT: engine-hang"), r.stdout
+    if named is None:
+        assert "(rank 0)" not in r.stdout, r.stdout
+    else:
+        assert named in r.stdout, r.stdout

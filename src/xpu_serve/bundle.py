@@ -40,6 +40,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -247,6 +248,7 @@ def write_incident_bundle(
     incident: dict[str, Any],
     report_text: str,
     stacks: dict[int, str] | None = None,
+    into: Path | None = None,
 ) -> BundleResult:
     """Write the diagnostic bundle of one incident; the supervisor calls it before killing anything.
 
@@ -260,6 +262,7 @@ def write_incident_bundle(
         stacks: pid -> `py-spy dump` text taken before the call (the hang watchdog's
             `collectors.dump_stacks`); None lets the bundle dump live processes itself for hang,
             stall and operator triggers.
+        into: an existing bundle folder to write (the one a cut capture began), else a new one.
 
     Returns: `BundleResult(path, complete, errors, cause)`.
 
@@ -270,7 +273,7 @@ def write_incident_bundle(
     Old bundles are pruned afterwards (`bundles.keep`, `bundles.max_bytes`), never this one.
     """
     try:
-        return write_bundle(ctx, trigger, incident, report_text, stacks)
+        return write_bundle(ctx, trigger, incident, report_text, stacks, into=into)
     except BaseException as e:  # the supervisor must go on whatever happens here
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
@@ -290,6 +293,7 @@ def write_bundle(
     kmsg_path: Path | None = None,
     sysfs_drm: Path | None = None,
     prune: bool = True,
+    into: Path | None = None,
 ) -> BundleResult:
     """`write_incident_bundle` with the parts that are fixed in production made explicit:
     `collectors` (default `collectors.DEFAULT_COLLECTORS`), `cause` for the folder name (default
@@ -297,7 +301,7 @@ def write_bundle(
     Same return value and guarantees (never raises, bounded in time): the three steps of
     `IncidentBundle` in one go."""
     job = IncidentBundle(ctx, trigger, incident, report_text, stacks, collectors=collectors, cause=cause,
-                         kmsg_path=kmsg_path, sysfs_drm=sysfs_drm)
+                         kmsg_path=kmsg_path, sysfs_drm=sysfs_drm, into=into)
     timeout_s = float(job.bcfg.collector_timeout_s)
 
     def steps() -> None:
@@ -339,6 +343,8 @@ class IncidentBundle:
         cause: str | None = None,
         kmsg_path: Path | None = None,
         sysfs_drm: Path | None = None,
+        into: Path | None = None,
+        on_open: Callable[[Path], None] | None = None,
     ):
         self.ctx, self.trigger, self.report_text = ctx, trigger, report_text
         self.incident = dict(incident) if isinstance(incident, dict) else {"cause": "unknown", "summary": str(incident)}
@@ -347,7 +353,8 @@ class IncidentBundle:
         self.collectors = collectors if collectors is not None else DEFAULT_COLLECTORS
         self.run = _Run(cause=_cause_slug(cause or self.incident.get("cause")))
         self.run.recovered = self.incident.get("recovered") is True
-        self._stacks, self._roots = stacks, (kmsg_path, sysfs_drm)
+        self._stacks, self._roots, self._into = stacks, (kmsg_path, sysfs_drm), into
+        self._on_open = on_open  # told the folder as soon as it exists (the recovery marker)
         self.writer: BundleWriter | None = None
         self.inputs: CollectInputs | None = None
         self.facts: dict[str, Any] = {}
@@ -396,11 +403,13 @@ class IncidentBundle:
         base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-i{incarnation}-{run.cause}"
         self.bundles_dir = runtime_dir / BUNDLES_DIR
         try:
-            path = _make_bundle_dir(self.bundles_dir, base)
+            path = self._into if self._into is not None else _make_bundle_dir(self.bundles_dir, base)
         except OSError as e:
             run.error(f"cannot create a bundle under {self.bundles_dir}: {e.strerror or e}")
             return False
         run.path = path
+        if self._on_open is not None:
+            self._on_open(path)
         self.writer = BundleWriter(path, redactor)
         self.facts = _facts(ctx, path.name, now, incarnation, self.trigger, processes, runtime_dir,
                             config_hash(self.config, redactor))

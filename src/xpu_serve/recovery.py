@@ -8,8 +8,12 @@ While it captures, the supervisor keeps a marker in the incarnation's log folder
 earlier run's logs (`logdirs.set_aside_old_logs`) never remove a folder that holds one.
 
 Marker (JSON object): run_id, supervisor_pid, incarnation, restarts, started_at, ready_at
-(epoch s or null), trigger {kind, detail, at, process, rank, pid, exit_code, signal} and
-processes [{name, pid, rank, started_at, exit_code, signal, exited_at}] as of the capture start.
+(epoch s or null), trigger {kind, detail, at, process, rank, pid, exit_code, signal},
+processes [{name, pid, rank, started_at, exit_code, signal, exited_at}] as of the capture start,
+and bundle (the folder the capture began, once it exists). The recovery finishes that folder
+rather than writing a second bundle of the incident: what the cut capture wrote there (its live
+facts, stacks) is kept in its `cut-capture/`; a folder already complete (bundle.json) is left as
+it is.
 """
 
 from __future__ import annotations
@@ -183,6 +187,10 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
     from xpu_serve.supervision.capture import report_text
 
     m = read_pending(log_dir) or {}
+    cut = _begun_bundle(runtime_dir, m.get("bundle"))
+    if cut is not None and (cut / "bundle.json").is_file():  # cut after its last file: complete
+        clear_pending(log_dir)
+        return str(cut), _contract_of(cut)
     trig = _trigger(m.get("trigger"), fallback_at=_mtime(log_dir / PENDING_FILE))
     procs, exited = _processes(m.get("processes"))
     n = _int(m.get("incarnation")) or _incarnation_of(log_dir)
@@ -218,10 +226,50 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
         restarts=_int(m.get("restarts")),
         processes=_not_foreign(procs, _str(m.get("run_id"))),
     )
-    res = write_incident_bundle(ctx, trig, contract, report_text(None, contract, ctx), stacks={})
+    if cut is not None:
+        _set_aside(cut)
+    res = write_incident_bundle(ctx, trig, contract, report_text(None, contract, ctx), stacks={}, into=cut)
     if res.path is not None:
         clear_pending(log_dir)
     return (str(res.path) if res.path else None), contract
+
+
+def _begun_bundle(runtime_dir: Path, named: Any) -> Path | None:
+    """The bundle folder a marker names when it is a real folder right under RUNTIME/bundles
+    (never a symlink, never a path elsewhere), else None."""
+    if not isinstance(named, str) or not named:
+        return None
+    p = Path(named)
+    try:
+        if p.is_symlink() or not p.is_dir() or p.parent.resolve() != (runtime_dir / "bundles").resolve():
+            return None
+    except OSError:
+        return None
+    return p
+
+
+def _set_aside(cut: Path) -> None:
+    """Move what the cut capture wrote in `cut` into `cut/cut-capture/` (nothing is lost: the
+    recovery writes the bundle's files afresh beside it). Never raises."""
+    keep = cut / "cut-capture"
+    with contextlib.suppress(OSError):
+        names = [n for n in os.listdir(cut) if n != keep.name]
+        if names:
+            keep.mkdir(exist_ok=True, mode=0o700)
+        for n in names:
+            if os.path.lexists(keep / n):  # a recovery cut in turn: the first capture's copy stays
+                continue
+            with contextlib.suppress(OSError):
+                os.rename(cut / n, keep / n)
+
+
+def _contract_of(bundle: Path) -> dict[str, Any]:
+    """The verdict contract of a complete bundle (its incident.json; {} when unreadable)."""
+    try:
+        data = json.loads(read_regular(bundle / "incident.json", _MAX_MARKER_BYTES) or b"")
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _not_foreign(procs: dict[int, ProcessInfo], run_id: str | None) -> dict[int, ProcessInfo]:

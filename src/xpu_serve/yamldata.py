@@ -11,7 +11,8 @@ The config loader (config.py) keeps its own pure-Python loader: its node limits 
 values; an edited table does not match its digest and is parsed again): building PyYAML's Python objects for the ~5,000 nodes of the tables
 costs ~25 ms of a ~0.15 s `diagnose`, and importing PyYAML ~15 ms more; `marshal.loads` of the
 same values takes ~1 ms. No cache is written when the directory is read-only, when
-`sys.dont_write_bytecode` is set (PYTHONDONTWRITEBYTECODE), or for values marshal cannot hold.
+`sys.dont_write_bytecode` is set (PYTHONDONTWRITEBYTECODE), or for values marshal cannot hold;
+only a regular file is read as a cache (a FIFO or device in its place is parsed around).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from xpu_serve.fsread import read_regular
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
+_MAX_CACHE_BYTES = 64 << 20  # the largest table's cache is ~100 KiB
 
 
 def fast_safe_loader() -> Any:
@@ -53,7 +57,7 @@ def load_packaged(name: str) -> Any:
     digest = hashlib.blake2b(raw, digest_size=16).digest()
     cache = DATA_DIR / "__pycache__" / f"{name}.yaml.marshal"
     try:
-        held = marshal.loads(cache.read_bytes())
+        held = marshal.loads(read_regular(cache, _MAX_CACHE_BYTES) or b"")
         if isinstance(held, tuple) and len(held) == 2 and held[0] == digest:
             return held[1]
     except (OSError, ValueError, EOFError, TypeError):

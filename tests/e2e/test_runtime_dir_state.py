@@ -95,11 +95,10 @@ def test_second_up_refuses_while_the_recorded_supervisor_lives_without_its_lock_
 
 def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_factory: Any, tmp_path: Path) -> None:
     """A worker SIGSEGV, and the supervisor SIGKILLed while it finishes the bundle after the stop
-    (a slow `xpu-smi` holds the host collector; the next incarnation may be starting): the
-    incident had no bundle, the next `up` moved logs/1 to logs/1.prev and the `up` after that
-    replaced it, the only copy of the crash. Now the next `up` writes the bundle from the kept
-    logs (recovered: true, cause process-crash) before it moves them, and a third `up` leaves
-    that bundle and its logs alone."""
+    (a slow `xpu-smi` holds the host collector; the next incarnation may be starting): the next
+    `up` finishes the bundle folder the capture began from the kept logs (recovered: true, cause
+    process-crash; one bundle of the incident, not a partial one beside a recovered one) before
+    it moves them, and a third `up` leaves that bundle and its logs alone."""
     fake = tmp_path / "bin"
     fake.mkdir()
     pids = tmp_path / "xpu-smi.pids"
@@ -117,7 +116,8 @@ def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_facto
     finally:
         for pid in pids.read_text().split() if pids.exists() else []:
             with_suppress(lambda p=int(pid): os.kill(p, signal.SIGKILL))
-    assert not any((b / "bundle.json").exists() for b in (u.runtime / "bundles").glob("*"))
+    begun = sorted((u.runtime / "bundles").glob("*"))
+    assert len(begun) == 1 and not (begun[0] / "bundle.json").exists(), begun
     u.cfg["environment"]["vars"]["XPU_SERVE_SIM_FAULTS"] = ""
     u.cfg["bundles"]["collector_timeout_s"] = 3
     u.write_config()
@@ -130,6 +130,10 @@ def test_kill9_mid_capture_gets_a_recovered_bundle_before_the_logs_move(up_facto
     ev = evs[rec[0]]
     assert ev["cause"] == "process-crash", ev
     bundle = Path(ev["bundle"])
+    # the folder the cut capture began is finished, not left partial beside a second bundle;
+    # what the capture wrote there before the kill is kept in cut-capture/
+    assert sorted((u.runtime / "bundles").glob("*")) == begun == [bundle]
+    assert json.loads((bundle / "cut-capture" / "incident.json").read_text())["cause"] == "process-crash"
     manifest = json.loads((bundle / "bundle.json").read_text())
     incident = json.loads((bundle / "incident.json").read_text())
     assert manifest["recovered"] is True and incident["recovered"] is True

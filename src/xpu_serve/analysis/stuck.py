@@ -66,15 +66,31 @@ class StuckRank:
 
 
 def _ranks(fact: dict[str, Any]) -> list[dict[str, Any]]:
-    """The well-formed rank entries of a `rank-states` fact's extra (one per rank)."""
+    """The rank entries of a `rank-states` fact's extra (one per rank), each with its fields'
+    types checked: a fact read back from a bundle's facts.log may hold anything (a list for a
+    state, a dict for a process); a field of the wrong type is None."""
     rows = fact.get("ranks")
     if not isinstance(rows, list):
         return []
     out: dict[int, dict[str, Any]] = {}
     for r in rows:
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and not isinstance(r.get("rank"), bool):
-            out.setdefault(r["rank"], r)
+        if isinstance(r, dict) and _is_int(r.get("rank")):
+            out.setdefault(
+                r["rank"],
+                {
+                    "rank": r["rank"],
+                    "pid": r.get("pid") if _is_int(r.get("pid")) else None,
+                    **{
+                        k: r.get(k) if isinstance(r.get(k), str) else None
+                        for k in ("process", "state", "wait")
+                    },
+                },
+            )
     return [out[k] for k in sorted(out)]
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _waiting(rows: list[dict[str, Any]], but: int) -> dict[int, str]:

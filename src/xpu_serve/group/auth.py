@@ -69,7 +69,8 @@ class Verifier:
         ts, nonce, sig = (headers.get(h) for h in (TIME_HEADER, NONCE_HEADER, SIG_HEADER))
         if not ts or not nonce or not sig:
             return "unsigned: missing X-Group-Time, X-Group-Nonce or X-Group-Signature"
-        if not hmac.compare_digest(sign(self.secret, kind, ts, nonce, body), sig):
+        # (compare_digest refuses str with non-ASCII characters: a hostile header may hold any)
+        if not sig.isascii() or not hmac.compare_digest(sign(self.secret, kind, ts, nonce, body), sig):
             return "bad signature: not signed with the group's secret"
         try:
             sent = float(ts)

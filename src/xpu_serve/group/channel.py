@@ -13,7 +13,8 @@ Every message is a JSON POST to the head, signed both ways (`xpu_serve.group.aut
 heartbeat. Refusals carry `{error, epoch, head_time}`: 401 bad or missing signature, stale
 timestamp, replayed nonce (nothing is recorded); 409 an epoch that is not the group's (the answer
 names the current one) or a heartbeat/incident from a node that is not registered; 400 a body that
-is not a message; 404 another path; 413 a body over MAX_BODY bytes.
+is not a message; 404 another path; 413 a body over MAX_BODY bytes. A peer that sends a request slower than READ_TIMEOUT_S, or
+hangs up before its whole body, is dropped without an answer.
 
 The head's side is a standard-library `ThreadingHTTPServer` in a daemon thread, like the metrics
 listener (`integrations.probes`): a slow peer never blocks the supervisor's asyncio loop, and
@@ -42,6 +43,8 @@ PREFIX = "/group/v1/"
 MAX_BODY = 64 * 1024
 """Largest message body, bytes (an incident's message is cut to MAX_TEXT characters)."""
 MAX_TEXT = 4096
+READ_TIMEOUT_S = 10.0
+"""Longest wait for a peer's request, seconds (a message is one small POST)."""
 
 _Rank = Annotated[int, Strict(), Ge(0), Le(63)]
 _Epoch = Annotated[int, Strict(), Ge(1)]
@@ -151,7 +154,7 @@ class GroupHead:
             pass
 
         Handler.head = head
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, name="group-channel", daemon=True).start()
         return int(self.server.server_address[1])
@@ -202,8 +205,19 @@ class GroupHead:
         return 200, {}
 
 
+class _Server(ThreadingHTTPServer):
+    """The listener; a peer that hangs up or stalls mid-request costs its own connection only,
+    without a traceback on the supervisor's stderr (socketserver's handle_error prints one)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
 class _Handler(BaseHTTPRequestHandler):
     head: GroupHead
+    # seconds a peer may take to send its request (line, headers, body) before it is dropped: a
+    # peer that opens connections and sends nothing must not hold the listener's threads forever
+    timeout = READ_TIMEOUT_S
     # one message per connection (HTTP/1.0): a stopped head answers nothing more, where a kept-alive
     # connection's handler thread would outlive `stop()`; a message a second costs nothing here
     protocol_version = "HTTP/1.0"
@@ -233,6 +247,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._answer(413, {"error": f"body must be 0..{MAX_BODY} bytes"}, nonce)
         body = self.rfile.read(length)
+        if len(body) != length:  # the peer hung up before its whole body: nobody to answer
+            self.close_connection = True
+            return None
         kind = self.path[len(PREFIX):] if self.path.startswith(PREFIX) else ""
         if kind not in MESSAGES:
             return self._answer(404, {"error": f"no such message {self.path[:80]!r}"}, nonce)

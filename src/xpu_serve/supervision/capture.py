@@ -198,6 +198,10 @@ class Capture:
             got.contract,
             report_text(got.incident, got.contract, ctx),
             stacks if isinstance(stacks, dict) else None,
+            # a kill -9 from the folder's creation on: the next `up` finishes this folder
+            on_open=lambda path: recovery.mark_pending(
+                ctx.log_dir, {**self._pending_marker(ctx, got.restarts), "bundle": str(path)}
+            ),
         )
         res = job.begin()
         if res.path is None:
