@@ -88,7 +88,7 @@ class GroupWatcher:
             try:
                 write_node_folders(Path(bundle_path), self.head, incident, self._launched_epoch or 1)
             except OSError as e:
-                self.warn(f"group: node folders of {bundle_path} not written: {e}")
+                self.warn(f"node folders of {bundle_path} not written: {e}")
 
     async def before_launch(self, stop: Callable[[], bool]) -> str:
         """Wait until this node may launch; returns one line for the event log. Head: starts the
@@ -109,7 +109,7 @@ class GroupWatcher:
                 return f"group follower: node {self.node_rank} joined epoch {self.follower.epoch} at {self.g.head_url}"
             except ChannelError as e:
                 if str(e) != last:
-                    self.warn(f"group: waiting for the head: {e}")
+                    self.warn(f"waiting for the head: {e}")
                     last = str(e)
             await asyncio.sleep(self.g.heartbeat_interval_s)
         return "group follower: stopped while waiting for the head"
@@ -153,7 +153,7 @@ class GroupWatcher:
             # follower. In `finally`: the supervisor may cancel this watch before its next poll.
             if failed is not None and failed.is_set():
                 new = head.new_epoch()
-                self.warn(f"group: epoch {new}: every follower captures and stops; the head launches first")
+                self.warn(f"epoch {new}: every follower captures and stops; the head launches first")
         await asyncio.Event().wait()
 
     async def _watch_members(self, ctx: IncarnationContext, failed: asyncio.Event | None) -> None:
@@ -280,7 +280,7 @@ class GroupWatcher:
                 exit_code=trig.exit_code,
             )
         except ChannelError as e:
-            self.warn(f"group: incident not delivered to the head: {e}")
+            self.warn(f"incident not delivered to the head: {e}")
 
 
 def _failed_event(ctx: Any) -> asyncio.Event | None:
