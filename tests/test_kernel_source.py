@@ -483,3 +483,14 @@ def test_lookback_keeps_only_a_wedge_from_before_start(tmp_path: Path) -> None:
     assert ctx.records[0].extra["before_start"] is True
     assert list(kw.gpu_faults) == []  # an old fault is never named as the cause of a new hang
     assert kw.restart_blocker() is not None and kw.device_ready() is True
+
+
+def test_iso_keeps_a_multi_line_record_on_one_line() -> None:
+    """A printk record with a newline in its message (amd_pstate's CPPC notice; journald keeps the
+    newline in MESSAGE) is one line of a bundle's kernel.log, the newline as the kernel's escape."""
+    from xpu_serve.sources.kernel import KernelRecord
+
+    msg = "amd_pstate: The CPPC feature is supported but currently disabled by the BIOS.\nPlease enable it."
+    line = KernelRecord(line=msg, message=msg, origin="journalctl", wall=1_796_000_000.0).iso()
+    assert "\n" not in line
+    assert line.endswith(" amd_pstate: The CPPC feature is supported but currently disabled by the BIOS.\\x0aPlease enable it.")

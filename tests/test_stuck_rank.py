@@ -20,6 +20,7 @@ from xpu_serve.analysis.stacks import OUTSIDE, UNKNOWN, collective_wait
 from xpu_serve.collectors import dump_stacks, find_py_spy
 from xpu_serve.diagnosis import Analyzer
 from xpu_serve.incarnation import ProcessInfo
+from xpu_serve.report import render_text
 from xpu_serve.supervision.rankstate import rank_states_fact, steady_states
 
 # A rank: the main thread blocks in a function named like vLLM's (a collective or elsewhere), a
@@ -71,7 +72,8 @@ def _verdict(procs: list[subprocess.Popen[str]], stop: list[int]) -> dict[str, o
     assert ev is not None
     an.add_event(ev)
     an.add_event(facts.hang(92.0, 1, 0, datetime(2026, 12, 2, 5, 0, 0)))
-    return dict(an.incident().to_contract())
+    inc = an.incident()
+    return {**inc.to_contract(), "_report": render_text(inc)}  # (the one-screen report beside the JSON)
 
 
 @needs_py_spy
@@ -110,6 +112,7 @@ def test_the_one_stopped_rank_is_named(ranks) -> None:  # type: ignore[no-untype
     assert str(v["summary"]).startswith(
         "Worker_TP2 (rank 2) stopped (state T) while ranks 0,1 wait in all_reduce"
     )
+    assert "ROOT CAUSE: stuck TP rank (Worker_TP2, rank 2, pid " in v["_report"], v["_report"]
 
 
 @needs_py_spy

@@ -187,7 +187,10 @@ class SimUp:
 
     `faults` is XPU_SERVE_SIM_FAULTS; `extra` maps dotted config keys ("watchers.kernel") to values
     set over the base config, in order; `env` adds `environment.vars`; `os_env` adds to the
-    supervisor's own environment. Output (stdout and stderr) goes to `tmp/up.out`.
+    supervisor's own environment. Output (stdout and stderr) goes to `tmp/up.out`. Unless `extra`
+    sets `watchers.kernel`, the kernel watcher reads `tmp/kernel.txt` (empty): the machine's kernel
+    log holds records that other suites' simulators and the opt-in kmsg tests wrote (GPU faults
+    count whatever pid they name), which are no evidence of this run.
     """
 
     def __init__(
@@ -215,6 +218,9 @@ class SimUp:
             "metrics": {"enabled": False},
             "runtime_dir": str(self.runtime),
         }
+        if not any(k == "watchers" or k.startswith("watchers.kernel") for k in extra or {}):
+            (tmp / "kernel.txt").touch()
+            cfg["watchers"] = {"kernel": {"source": "file", "path": str(tmp / "kernel.txt")}}
         for key, value in (extra or {}).items():
             node = cfg
             *path, last = key.split(".")

@@ -144,3 +144,4 @@ def name_stuck_rank(inc: Incident, fact: Event | None, root_of: RootOf) -> None:
         return
     inc.hang = dataclasses.replace(inc.hang, stuck_rank=s)
     inc.root = dataclasses.replace(root_of(fact, s.process, s.rank, s.pid), text=s.sentence())
+    inc.root_label = "stuck TP rank"  # (the report's ROOT CAUSE line; the detection is in HANG:)

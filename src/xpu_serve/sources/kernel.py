@@ -125,13 +125,16 @@ class KernelRecord:
     fields: dict[str, str] = field(default_factory=dict)
 
     def iso(self) -> str:
-        """The record as `dmesg --time-format iso` prints it: "2026-11-30T09:04:12,123456+00:00 msg"
-        (local time zone). Only for a record with a `wall` time."""
+        """The record as `dmesg --time-format iso` prints it, on one line: "2026-11-30T09:04:12,123456+00:00
+        msg" (local time zone); a newline inside the message (printk's multi-line records, e.g.
+        amd_pstate's CPPC notice, as journald stores them) written as the kernel's own `\\x0a`
+        escape (kernel/printk/printk.c). Only for a record with a `wall` time."""
         from datetime import datetime
 
         assert self.wall is not None, "iso() of a record without a wall time"
         stamp = datetime.fromtimestamp(self.wall).astimezone().strftime("%Y-%m-%dT%H:%M:%S,%f%z")
-        return f"{stamp[:-2]}:{stamp[-2:]} {self.message}"
+        msg = self.message.replace("\r", "\\x0d").replace("\n", "\\x0a")
+        return f"{stamp[:-2]}:{stamp[-2:]} {msg}"
 
 
 def unescape_kmsg(text: str) -> str:
