@@ -151,7 +151,11 @@ class Capture:
         for task in earlier:
             await asyncio.shield(task)
         again = self._verdict(ctx, trig, got.restarts)
-        got.contract, got.incident = again.contract, again.incident
+        if _same_root(got.contract, again.contract):
+            got.contract, got.incident = again.contract, again.incident
+        else:  # a record written once the stop began is its fallout, never the root
+            self.log.emit("warning", f"bundle: the verdict after the stop named another root "
+                          f"({again.contract.get('cause')}); the verdict made before the stop is kept")
         if got.job is None:
             return
         text = report_text(got.incident, got.contract, ctx)
@@ -352,3 +356,13 @@ def report_text(incident: Any, contract: dict[str, Any], ctx: Any) -> str:
         except Exception:
             pass
     return f"cause: {contract.get('cause')}\n{contract.get('summary') or ''}\n"
+
+
+def _same_root(first: dict[str, Any], again: dict[str, Any]) -> bool:
+    """The recomputed verdict (`again`, after the stop) keeps the first one's cause and root
+    (process, rank, pid): the fallout adds consequences, it does not move the root."""
+    def key(c: dict[str, Any]) -> tuple[Any, ...]:
+        r = c.get("root") or {}
+        return c.get("cause"), r.get("process"), r.get("rank"), r.get("pid")
+
+    return key(first) == key(again)
