@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -31,6 +32,30 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[SHM_PREFIX_VAR] = SHM_PREFIX
 
 
+_TEST_SPANS: list[tuple[float, float, str]] = []
+"""(start, end, nodeid) of every test run so far, wall clock seconds: a leftover is named by the
+test that was running when the segment was last written (its st_mtime)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    start = time.time()
+    yield
+    _TEST_SPANS.append((start, time.time(), item.nodeid))
+
+
+def writer_of(path: str) -> str:
+    """The nodeid of the test that ran when `path` was last modified, or "between tests"."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return "gone"
+    for start, end, nodeid in _TEST_SPANS:
+        if start - 1.0 <= mtime <= end + 1.0:
+            return nodeid
+    return "between tests"
+
+
 def session_leftovers() -> list[str]:
     """/dev/shm entries named by this session's prefix that exist now."""
     return sorted(glob.glob(f"/dev/shm/{glob.escape(SHM_PREFIX)}*"))
@@ -46,7 +71,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write = tr.write_line if tr is not None else (lambda s: print(s, file=sys.stderr))
     write(f"shared memory leaked by this session's simulators ({len(left)}, removed now):")
     for path in left:
-        write(f"  {path}")
+        write(f"  {path} (last written during {writer_of(path)})")
         try:
             os.unlink(path)
         except OSError as e:
