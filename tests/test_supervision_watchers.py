@@ -15,8 +15,8 @@ from pathlib import Path
 from xpu_serve.config import Config
 from xpu_serve.events import Event
 from xpu_serve.incarnation import ProcessInfo, Trigger
-from xpu_serve.supervision.context import Incarnation
-from xpu_serve.supervision.watch import LineWatcher, StallWatcher, StartupTimeoutWatcher, new_analyzer
+from xpu_serve.supervision.context import Incarnation, new_analyzer
+from xpu_serve.supervision.watch import LineWatcher, StallWatcher, StartupTimeoutWatcher
 
 
 def _config(**startup: float) -> Config:

@@ -305,57 +305,86 @@ async def stop_tree(
     """
     t0 = time.monotonic()
     rep = StopReport()
-    sessions = [pgid] if pgid else []
-    tracked: dict[int, float | None] = {}
-
-    def refresh(extra: Iterable[int] = ()) -> set[int]:
-        # survivors keep their proof only with the start time seen when they were found
-        alive = {p for p, t in tracked.items() if procfs.alive(p) and procfs.start_time(p) == t}
-        for p in find_members(run_id, incarnation, sessions, extra, starts) - alive:
-            tracked[p] = procfs.start_time(p)
-            alive.add(p)
-        return alive
-
-    members = refresh(pids)
+    tree = _Tree(pgid, run_id, incarnation, starts)
+    members = tree.refresh(pids)
     if not kill_now:
         signal_tree(pgid, run_id, incarnation, signal.SIGTERM, members, starts)
         rep.terminated = sorted(members)
-        deadline = t0 + grace_s
-        d_since: dict[int, float] = {}
-        while members and time.monotonic() < deadline:
-            await asyncio.sleep(poll_s)
-            members = refresh()
-            if hang:
-                now = time.monotonic()
-                early = _early_kills(
-                    members - set(rep.early), now - t0, min(grace_s, hang_grace_s), d_since, now
-                )
-                for p in early:
-                    _signal(p, signal.SIGKILL)
-                    rep.killed.append(p)
-                rep.early.update(early)
-            # a process that appeared during the stop (a late spawn) gets SIGTERM too
-            for p in members - set(rep.terminated):
-                _signal(p, signal.SIGTERM)
-                _signal(p, signal.SIGCONT)
-                rep.terminated.append(p)
-    deadline = time.monotonic() + kill_wait_s
+        early_after = min(grace_s, hang_grace_s) if hang else None
+        await _wait_for_exit(tree, members, rep, t0, t0 + grace_s, poll_s, early_after)
+    await _kill_survivors(tree, rep, time.monotonic() + kill_wait_s, poll_s)
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+class _Tree:
+    """The proven members of one tree during a stop (`find_members`); a survivor keeps its proof
+    only while it has the start time seen when it was found (a reused pid is never signalled)."""
+
+    def __init__(self, pgid: int | None, run_id: str | None, incarnation: int | None, starts: Any):
+        self.pgid, self.run_id, self.incarnation, self.starts = pgid, run_id, incarnation, starts
+        self.tracked: dict[int, float | None] = {}
+
+    def refresh(self, extra: Iterable[int] = ()) -> set[int]:
+        alive = {p for p, t in self.tracked.items() if procfs.alive(p) and procfs.start_time(p) == t}
+        sessions = [self.pgid] if self.pgid else []
+        for p in find_members(self.run_id, self.incarnation, sessions, extra, self.starts) - alive:
+            self.tracked[p] = procfs.start_time(p)
+            alive.add(p)
+        return alive
+
+    def group_proven(self, members: set[int]) -> bool:
+        return self.pgid is not None and self.pgid in members and is_proven(
+            self.pgid, self.run_id, self.incarnation, self.starts
+        )
+
+
+async def _wait_for_exit(
+    tree: _Tree,
+    members: set[int],
+    rep: StopReport,
+    t0: float,
+    deadline: float,
+    poll_s: float,
+    early_after: float | None,
+) -> None:
+    """After SIGTERM: poll until no member is left or `deadline` (monotonic s). With
+    `early_after` (hang mode, s) members that cannot exit get SIGKILL early (`_early_kills`);
+    a process that appears meanwhile (a late spawn) gets SIGTERM too."""
+    d_since: dict[int, float] = {}
+    while members and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
+        members = tree.refresh()
+        if early_after is not None:
+            now = time.monotonic()
+            early = _early_kills(members - set(rep.early), now - t0, early_after, d_since, now)
+            for p in early:
+                _signal(p, signal.SIGKILL)
+                rep.killed.append(p)
+            rep.early.update(early)
+        for p in members - set(rep.terminated):
+            _signal(p, signal.SIGTERM)
+            _signal(p, signal.SIGCONT)
+            rep.terminated.append(p)
+
+
+async def _kill_survivors(tree: _Tree, rep: StopReport, deadline: float, poll_s: float) -> None:
+    """SIGKILL every member left (and the group while its leader is proven) until none is or
+    `deadline` (monotonic s) passes; what is still alive then is `rep.left`."""
     while True:
-        members = refresh()
+        members = tree.refresh()
         if not members:
-            break
-        if pgid is not None and pgid in members and is_proven(pgid, run_id, incarnation, starts):
-            _killpg(pgid, signal.SIGKILL)
+            return
+        if tree.group_proven(members):
+            _killpg(tree.pgid, signal.SIGKILL)
         for pid in members:
             _signal(pid, signal.SIGKILL)
             if pid not in rep.killed:
                 rep.killed.append(pid)
         if time.monotonic() > deadline:
             rep.left = sorted(members)
-            break
+            return
         await asyncio.sleep(poll_s)
-    rep.seconds = time.monotonic() - t0
-    return rep
 
 
 def snapshot_segments() -> set[str]:
@@ -504,39 +533,47 @@ def remove_segments(
     ids = dist_ids_of(p for p in proven if p.startswith("/tmp/vllm_dist_"))
     proven |= {c for c in cand if c.startswith("/dev/shm/vllm_dist_") and dist_ids_of([c]) & ids}
     in_use = {_top_path(p) for p in segments_of(procfs.pids())}
-    pre = {_top_path(p) for p in before} if before is not None else set()
+    pre = {_top_path(p) for p in before} if before is not None else None
     for path in sorted(cand):
         if not os.path.lexists(path):
             continue
-        if path in in_use:
-            rep.kept[path] = "in use by a live process"
-            continue
-        if path not in proven:
-            rep.kept[path] = NOT_PROVEN
-            continue
-        if before is not None:
-            if path in pre:
-                rep.kept[path] = "existed before the launch"
-                continue
-        else:
-            try:
-                changed = os.lstat(path).st_ctime
-            except OSError:
-                continue
-            if changed < since - 1.0:
-                rep.kept[path] = "existed before the launch"
-                continue
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-            rep.removed.append(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            rep.kept[path] = f"cannot remove: {e.strerror}"
+        why = _keep_reason(path, in_use, proven, pre, since)
+        if why is None:
+            why = _remove(path, rep)
+        if why:
+            rep.kept[path] = why
     return rep
+
+
+def _keep_reason(path: str, in_use: set[str], proven: set[str], pre: set[str] | None, since: float) -> str | None:
+    """Why `path` is kept (`SegmentReport.kept`'s reasons), or None to remove it. `pre`: the
+    entries before the launch (None: unknown; then one changed before `since` - 1 s existed)."""
+    if path in in_use:
+        return "in use by a live process"
+    if path not in proven:
+        return NOT_PROVEN
+    if pre is not None:
+        return "existed before the launch" if path in pre else None
+    try:
+        changed = os.lstat(path).st_ctime
+    except OSError:
+        return ""  # gone meanwhile: nothing to remove, nothing to report
+    return "existed before the launch" if changed < since - 1.0 else None
+
+
+def _remove(path: str, rep: SegmentReport) -> str:
+    """Remove `path` (a tree for a directory); "" when removed or gone, else why it could not be."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        rep.removed.append(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return f"cannot remove: {e.strerror}"
+    return ""
 
 
 def port_free(host: str, port: int) -> bool:

@@ -14,6 +14,7 @@ through these types:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,3 +125,16 @@ class Observer(Protocol):
     def on_state(self, status: Status) -> None: ...
 
     def on_incident(self, incident: dict[str, Any], bundle_path: str | None) -> None: ...
+
+
+def tell(observers: list[Observer], method: str, *args: Any, warn: Callable[[str], None] | None = None) -> None:
+    """Call `method` of every observer that has it. An observer must never break supervision:
+    a failure is `warn(message)`, or ignored without `warn` (for `on_event`, run per record)."""
+    for ob in observers:
+        fn = getattr(ob, method, None)
+        try:
+            if callable(fn):
+                fn(*args)
+        except Exception as ex:
+            if warn is not None:
+                warn(f"observer {type(ob).__name__} failed: {ex}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,18 +26,17 @@ from typing import Any, TextIO, cast
 from xpu_serve import exitcodes, output, procfs
 from xpu_serve.config import Config
 from xpu_serve.events import Event
-from xpu_serve.facts import FACT_SOURCES, FACTS_LOG
-from xpu_serve.incarnation import Observer, Status, Trigger, Watcher
+from xpu_serve.incarnation import Observer, Status, Trigger, Watcher, tell
 from xpu_serve.redact import Redactor, secrets_in_env, secrets_in_mapping
 from xpu_serve.restart_policy import RestartPolicy
 from xpu_serve.state import EVENTS_FILE, RuntimeLock
 from xpu_serve.supervision import backoff
 from xpu_serve.supervision.capture import Capture, Captured, fallback_cause, recover_pending, trigger_fact
-from xpu_serve.supervision.context import Incarnation
+from xpu_serve.supervision.context import Incarnation, new_incarnation
 from xpu_serve.supervision.engine import Engine
 from xpu_serve.supervision.eventlog import EventLog
 from xpu_serve.supervision.exits import NO_CONNECTOR_NOTICE, ExitWatcher
-from xpu_serve.supervision.factlog import FactLog
+from xpu_serve.supervision.requests import Requests
 from xpu_serve.supervision.signals import STRAY_SIGNALS, Signals, ignore_from_now_on
 from xpu_serve.supervision.statefile import StateFile, state_data
 from xpu_serve.supervision.watch import (
@@ -48,15 +46,10 @@ from xpu_serve.supervision.watch import (
     StartupTimeoutWatcher,
     WatcherTasks,
     kernel_watcher,
-    new_analyzer,
     wake_all,
 )
 
 __all__ = ["STRAY_SIGNALS", "EventLog", "Supervisor", "run_supervisor"]
-
-# Causes (cases/README.md) a restart cannot fix.
-UNFIXABLE_CAUSES = {"config-error"}
-
 
 class Supervisor:
     """Runs the state loop until stopped or given up; `await run()` returns the exit code.
@@ -110,8 +103,7 @@ class Supervisor:
         self.ctx: Incarnation | None = None
         self.group: Any = None  # the multi-node group's member (`group.watcher`), set in run()
         self.policy = RestartPolicy(config.supervision.restart)
-        self._wake = asyncio.Event()
-        self._stop_requested = self._kill_now = self._restart_requested = False
+        self.asked = Requests()
         self._lock = RuntimeLock(self.runtime_dir)
         self._create_time = procfs.start_time(os.getpid())  # proves our pid (live_supervisor)
         self._wire(echo_out, -1 if engine_umask is None else engine_umask)
@@ -119,7 +111,7 @@ class Supervisor:
     def _wire(self, echo_out: TextIO | None, engine_umask: int) -> None:
         """The collaborators, each with one job (`xpu_serve.supervision`)."""
         self.statefile = StateFile(self.runtime_dir, self.log, self._lock, self._state_data)
-        self.signals = Signals(self.log, self.request_stop, self.request_restart, self.request_scan)
+        self.signals = Signals(self.log, self.request_stop, self.request_restart, lambda: wake_all(self.watchers))
         self.engine = Engine(
             self.config,
             self.run_id,
@@ -128,7 +120,7 @@ class Supervisor:
             echo_out,
             engine_umask,  # (Popen: -1 = unchanged)
             protected=lambda: self.exits.pids(),
-            stop_requested=lambda: self._stop_requested,
+            stop_requested=lambda: self.asked.stop,
         )
         self.exits = ExitWatcher(self.engine, self.log, self._on_record, self._accept_fail, self._live)
         self.lines = LineWatcher([], self.engine.on_line)
@@ -153,30 +145,20 @@ class Supervisor:
 
     def request_stop(self, kill_now: bool = False) -> None:
         """Stop the server and exit 0; `kill_now` skips the grace period (SIGKILL at once)."""
-        if self._stop_requested and not kill_now:
+        if self.asked.stop and not kill_now:
             return
-        self._stop_requested = True
-        if kill_now and not self._kill_now:
-            self._kill_now = True
+        self.asked.stop = True
+        if kill_now and not self.asked.kill_now:
+            self.asked.kill_now = True
             if self.ctx is not None:
                 self.log.emit("kill", "second interrupt: killing the server at once")
                 self.engine.kill_now(self.ctx)
-        self._wake.set()
+        self.asked.wake.set()
 
     def request_restart(self) -> None:
         """Planned restart (SIGHUP): stop and start again at once, not counted as a failure."""
-        self._restart_requested = True
-        self._wake.set()
-
-    def request_scan(self) -> None:
-        """SIGUSR1 (`xpu-serve bundle` dropped a request): wake every watcher that has `wake()`
-        (the bundle-request watcher scans its folder once)."""
-        wake_all(self.watchers)
-
-    def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGTERM/SIGINT stop, SIGHUP planned restart, SIGUSR1 bundle requests, stray signals
-        logged and ignored (`supervision.signals`)."""
-        self.signals.install(loop)
+        self.asked.restart = True
+        self.asked.wake.set()
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -191,7 +173,7 @@ class Supervisor:
             last_incident=self.last_incident,
             next_restart_at=self.next_restart_at,
             reason=self.reason,
-            shutting_down=self._stop_requested or self.state == "gave-up",
+            shutting_down=self.asked.stop or self.state == "gave-up",
         )
 
     def _state_data(self) -> dict[str, Any]:
@@ -213,17 +195,8 @@ class Supervisor:
         self.statefile.write()
         self._tell("on_state", self.status())
 
-    def _tell(self, method: str, *args: Any, quiet: bool = False) -> None:
-        """Call `method` of every observer that has it; an observer must never break supervision
-        (a failure is a warning, or, `quiet`, ignored: `on_event` runs for every record)."""
-        for ob in self.observers:
-            fn = getattr(ob, method, None)
-            try:
-                if callable(fn):
-                    fn(*args)
-            except Exception as ex:
-                if not quiet:
-                    self.log.emit("warning", f"observer {type(ob).__name__} failed: {ex}")
+    def _tell(self, method: str, *args: Any) -> None:
+        tell(self.observers, method, *args, warn=lambda m: self.log.emit("warning", m))
 
     # ---- the run -------------------------------------------------------------------------------
 
@@ -280,17 +253,17 @@ class Supervisor:
     async def _supervise(self) -> int:
         await self._begin()
         while True:
-            if self._stop_requested:
+            if self.asked.stop:
                 return await self._stopped()
             refused = await self._refused()
             if refused is not None:  # gave-up at once: another program's port, a bad host
                 return await self._give_up(exitcodes.GAVE_UP_AT_ONCE, refused)
             ctx = await self._starting()  # starting -> ready, until a trigger, a stop or SIGHUP
             failed = ctx.trigger is not None
-            if failed and not self._stop_requested:
+            if failed and not self.asked.stop:
                 captured = await self._capturing(ctx)  # failed -> capturing
                 await self._stopping(ctx, captured)  # -> stopping; the bundle is finished meanwhile
-                if self._stop_requested:
+                if self.asked.stop:
                     return await self._stopped()
                 code = await self._backoff(ctx, captured)  # -> backoff or gave-up
                 if code is not None:
@@ -298,9 +271,9 @@ class Supervisor:
                 continue
             # a failure that raced with a stop or SIGHUP is still captured
             await self._stopping(ctx, await self._capturing(ctx) if failed else None)
-            if self._stop_requested:
+            if self.asked.stop:
                 return await self._stopped()
-            self._restart_requested = False  # SIGHUP: starting again at once
+            self.asked.restart = False  # SIGHUP: starting again at once
             self.restarts += 1
             self.log.emit("restart", f"SIGHUP: {self.policy.planned_restart(time.monotonic()).reason}")
 
@@ -334,16 +307,16 @@ class Supervisor:
         calls are ignored); `_stopping` cancels them."""
         self.incarnation += 1
         log_dir = await self.engine.prepare_log_dir(self.runtime_dir, self.incarnation)
-        ctx = self.ctx = self._new_incarnation(log_dir)
-        self._wake.clear()
-        if self._stop_requested or self._restart_requested:  # a request that raced with the launch
-            self._wake.set()
+        ctx = self.ctx = new_incarnation(
+            self.incarnation, self.config, self.run_id, log_dir, self.restarts, self._on_fail, self._on_record, self.log
+        )
+        self.asked.rearm()  # a request that raced with the launch wakes the wait at once
         self._set_state("starting")
         self.lines.bind(ctx)
         if self.group is not None:  # a group's follower launches after its head, in its epoch
-            joined = await self.group.before_launch(lambda: self._stop_requested or self._restart_requested)
+            joined = await self.group.before_launch(lambda: self.asked.pending)
             self.log.emit("group", f"incarnation {ctx.incarnation}: {joined}", epoch=self.group.epoch)
-            if self._stop_requested or self._restart_requested:
+            if self.asked.pending:
                 return ctx  # stopped or restarted while waiting for the head: nothing launched
         if not self.engine.launch(ctx, self.lines.from_pump):
             return ctx
@@ -359,30 +332,13 @@ class Supervisor:
         discovery = loop.create_task(self.engine.discover(ctx, self.exits.watch, self.statefile.write))
         self.tasks.start(ctx, [self.exits, *self.detectors, *self.watchers])
         try:
-            await self._wake.wait()
+            await self.asked.wake.wait()
         finally:
             discovery.cancel()
             await asyncio.gather(discovery, return_exceptions=True)
             if ctx.trigger is None:  # stop or planned restart: nothing left to capture
                 await self.tasks.cancel()
         return ctx
-
-    def _new_incarnation(self, log_dir: Path) -> Incarnation:
-        return Incarnation(
-            incarnation=self.incarnation,
-            config=self.config,
-            runtime_dir=self.runtime_dir,
-            run_id=self.run_id,
-            started_at=time.time(),
-            log_dir=log_dir,
-            on_fail=self._on_fail,
-            on_record=self._on_record,
-            restarts=self.restarts,
-            analyzer=new_analyzer(),
-            facts=FactLog(log_dir / FACTS_LOG, lambda msg: self.log.emit("warning", msg)),
-            _loop=asyncio.get_running_loop(),
-            _thread=threading.get_ident(),
-        )
 
     def _became_ready(self, ctx: Incarnation, url: str) -> None:
         """starting -> ready (`ReadinessWatcher`)."""
@@ -408,19 +364,8 @@ class Supervisor:
     def _on_record(self, event: Event) -> None:
         ctx = self.ctx
         if ctx is not None:
-            self._fact(ctx, event)
-        self._tell("on_event", event, quiet=True)
-
-    def _fact(self, ctx: Incarnation, event: Event) -> None:
-        """Evidence for the live analysis; the supervisor's own facts (`facts.FACT_SOURCES`)
-        also go to the facts log first, with how many vllm.log lines the analysis had read."""
-        an = ctx.analyzer
-        if event.source in FACT_SOURCES and ctx.facts is not None:
-            seen = an.lines_read(str(ctx.pump.log_path)) if an is not None and ctx.pump is not None else 0
-            ctx.facts.write(event, seen)
-        if an is not None:
-            with contextlib.suppress(Exception):
-                an.add_event(event)
+            ctx.add_fact(event)
+        tell(self.observers, "on_event", event)  # (per record: failures ignored)
 
     def _on_fail(self, trigger: Trigger) -> None:
         """A watcher's trigger (the first one wins). A trigger other than a process exit waits
@@ -438,7 +383,7 @@ class Supervisor:
             return
         ctx.trigger = trigger
         ctx.failed.set()
-        self._fact(ctx, trigger_fact(trigger))
+        ctx.add_fact(trigger_fact(trigger))
         self.state = "failed"
         self.log.emit(
             "failed",
@@ -446,7 +391,7 @@ class Supervisor:
             **_failed_fields(ctx, trigger),
         )
         self._set_state("failed")
-        self._wake.set()
+        self.asked.wake.set()
 
     # ---- capturing, stopping, backoff --------------------------------------------------------
 
@@ -468,7 +413,7 @@ class Supervisor:
         await self.tasks.cancel()
         self._set_state("stopping")
         hang = ctx.trigger is not None and fallback_cause(ctx.trigger.kind, ctx.trigger.detail) == "engine-hang"
-        await self.engine.stop(ctx, self._kill_now, hang, self.lines.drain)
+        await self.engine.stop(ctx, self.asked.kill_now, hang, self.lines.drain)
         if got is not None:
             self.capture.finish(ctx, got, lambda done: self._incident(ctx, done))
 
@@ -483,33 +428,24 @@ class Supervisor:
     async def _backoff(self, ctx: Incarnation, got: Captured) -> int | None:
         """The restart policy's decision: gave-up (returns the exit code) or backoff, then None."""
         cause = got.contract.get("cause", "unknown")
-        trig = ctx.trigger
-        assert trig is not None
-        fatal = cause in UNFIXABLE_CAUSES or trig.kind == "config"
+        assert ctx.trigger is not None
         self.failures += 1
-        d = self.policy.on_failure(time.monotonic(), fatal=fatal)
-        if d.action == "give-up":
-            code = d.exit_code if d.exit_code is not None else exitcodes.GAVE_UP
-            if fatal:
-                return await self._give_up(
-                    code, f"{cause}: {got.contract.get('summary') or trig.detail} (a restart cannot fix this)"
-                )
-            return await self._give_up(code, f"{d.reason}; last cause: {cause}")
-        self._wake.clear()
-        if self._restart_requested:  # SIGHUP while capturing: restart now
-            self._wake.set()
+        d, give_up = backoff.decide(self.policy, cause, ctx.trigger, got.contract.get("summary"))
+        if give_up is not None:
+            return await self._give_up(d.exit_code if d.exit_code is not None else exitcodes.GAVE_UP, give_up)
+        self.asked.rearm()  # SIGHUP while capturing: restart now
 
         def show(next_restart_at: float | None, blocker: str | None) -> None:
             self.next_restart_at = next_restart_at
             self._set_state("backoff", blocker)
 
-        forced = await backoff.run(d, cause, kernel_watcher(self.watchers), self._wake, self.log, show)
+        forced = await backoff.run(d, cause, kernel_watcher(self.watchers), self.asked.wake, self.log, show)
         self.next_restart_at = None
-        if self._stop_requested:
+        if self.asked.stop:
             return await self._stopped()
         if forced:
             self.log.emit("restart", "SIGHUP: restarting although the device check has not passed")
-        self._restart_requested = False
+        self.asked.restart = False
         self.restarts += 1
         return None
 
@@ -566,7 +502,7 @@ def run_supervisor(
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
-        sup.install_signal_handlers(loop)
+        sup.signals.install(loop)  # (supervision.signals: stop, SIGHUP, SIGUSR1 bundle requests)
         try:
             return await sup.run()
         finally:

@@ -1,6 +1,6 @@
-"""The wait in state `backoff`: the restart policy's delay and, while the kernel watcher saw a
-device wedged, its device check (`watchers.kernel.device_check`, run from the start of the
-backoff alongside the delay)."""
+"""State `backoff`: the restart policy's decision after a failure (`decide`), and the wait: the
+policy's delay and, while the kernel watcher saw a device wedged, its device check
+(`watchers.kernel.device_check`, run from the start of the backoff alongside the delay)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,26 @@ from collections.abc import Callable
 from typing import Any
 
 from xpu_serve import aio
-from xpu_serve.restart_policy import Decision
+from xpu_serve.incarnation import Trigger
+from xpu_serve.restart_policy import Decision, RestartPolicy
 from xpu_serve.supervision.eventlog import EventLog
 
+# Causes (tests/fixtures/cases/README.md) a restart cannot fix.
+UNFIXABLE_CAUSES = {"config-error"}
 # Seconds between runs of `watchers.kernel.device_check` while a wedged device holds the restart.
 DEVICE_CHECK_INTERVAL_S = 2.0
+
+
+def decide(policy: RestartPolicy, cause: str, trigger: Trigger, summary: str | None) -> tuple[Decision, str | None]:
+    """The policy's decision after a failure of `cause` (the verdict's) on `trigger`, and the
+    reason to give up (None: restart). An unfixable cause or a config trigger gives up at once."""
+    fatal = cause in UNFIXABLE_CAUSES or trigger.kind == "config"
+    d = policy.on_failure(time.monotonic(), fatal=fatal)
+    if d.action != "give-up":
+        return d, None
+    if fatal:
+        return d, f"{cause}: {summary or trigger.detail} (a restart cannot fix this)"
+    return d, f"{d.reason}; last cause: {cause}"
 
 
 def restart_blocker(kernel: Any, log: EventLog) -> str | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 from xpu_serve import cleanup
 from xpu_serve.config import Config
 from xpu_serve.events import Event
+from xpu_serve.facts import FACT_SOURCES, FACTS_LOG
 from xpu_serve.incarnation import ProcessInfo, Trigger
 from xpu_serve.sources.log_pump import LogPump
 from xpu_serve.supervision.factlog import FactLog
@@ -61,6 +64,18 @@ class Incarnation:
         """Add evidence to the live analysis; thread-safe."""
         self._call(self.on_record, event)
 
+    def add_fact(self, event: Event) -> None:
+        """`event` as evidence for the live analysis (on the loop's thread); the supervisor's own
+        facts (`facts.FACT_SOURCES`) go to the facts log first, with how many vllm.log lines the
+        analysis had read by then. Never raises."""
+        an = self.analyzer
+        if event.source in FACT_SOURCES and self.facts is not None:
+            seen = an.lines_read(str(self.pump.log_path)) if an is not None and self.pump is not None else 0
+            self.facts.write(event, seen)
+        if an is not None:
+            with contextlib.suppress(Exception):
+                an.add_event(event)
+
     def starts(self) -> dict[int, float]:
         """pid -> start time (epoch s, psutil create_time) of the known processes: the proof
         that a pid is still this incarnation's when it is signalled (`cleanup.is_proven`)."""
@@ -73,3 +88,42 @@ class Incarnation:
             self._loop.call_soon_threadsafe(fn, arg)
         else:
             fn(arg)
+
+
+def new_analyzer() -> Any:
+    """A fresh `diagnosis.Analyzer` for one incarnation, or None when it cannot be built."""
+    from xpu_serve.diagnosis import Analyzer  # (imported on first use: the analysis tables load then)
+
+    try:
+        return Analyzer()
+    except Exception:
+        return None
+
+
+def new_incarnation(
+    n: int,
+    config: Config,
+    run_id: str,
+    log_dir: Path,
+    restarts: int,
+    on_fail: Callable[[Trigger], None],
+    on_record: Callable[[Event], None],
+    log: Any,
+) -> Incarnation:
+    """Incarnation `n` of `run_id`, started now on the running loop: a fresh live analyzer and
+    the facts log in `log_dir` (RUNTIME/logs/N); `log` (an EventLog) gets its write warnings."""
+    return Incarnation(
+        incarnation=n,
+        config=config,
+        runtime_dir=log_dir.parent.parent,  # (log_dir is RUNTIME/logs/N)
+        run_id=run_id,
+        started_at=time.time(),
+        log_dir=log_dir,
+        on_fail=on_fail,
+        on_record=on_record,
+        restarts=restarts,
+        analyzer=new_analyzer(),
+        facts=FactLog(log_dir / FACTS_LOG, lambda msg: log.emit("warning", msg)),
+        _loop=asyncio.get_running_loop(),
+        _thread=threading.get_ident(),
+    )

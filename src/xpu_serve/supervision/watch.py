@@ -33,16 +33,6 @@ from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 
 
-def new_analyzer() -> Any:
-    """A fresh `diagnosis.Analyzer` for one incarnation, or None when it cannot be built."""
-    from xpu_serve.diagnosis import Analyzer
-
-    try:
-        return Analyzer()
-    except Exception:
-        return None
-
-
 def is_fatal(analyzer: Any, ev: Any) -> bool:
     """Is this classified line one on which the incarnation is dead? The signature table says so
     (`fatal: true` rows of data/signatures.yaml, through `diagnosis.Analyzer.is_fatal(event)`)."""
