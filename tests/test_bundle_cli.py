@@ -70,12 +70,12 @@ def test_bundles_list_show_path(tmp_path: Path, py_child: subprocess.Popen[bytes
     r = cli("bundles", "--runtime-dir", str(rt), "show", "--json", "gpu-fault")  # a unique substring
     assert json.loads(r.stdout)["incident"]["summary"] == "engine reset " + "consequences " * 12
 
-    for args, msg in [(("show", "nope"), "no bundle matches 'nope'"),
-                      (("path",), "an ID is required"),
-                      (("show", "2"), "matches 2 bundles")]:
+    for args, msg in [(("show", "nope"), f"xpu-serve bundles show: no bundle matches 'nope' under {rt / 'bundles'}"),
+                      (("path",), "xpu-serve bundles path: an ID is required"),
+                      (("show", "2"), "xpu-serve bundles show: '2' matches 2 bundles")]:
         r = cli("bundles", "--runtime-dir", str(rt), *args)
         assert r.returncode == exitcodes.USAGE
-        assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith(msg) and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_bundle_standalone_from_state_json(tmp_path: Path, py_child: subprocess.Popen[bytes]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+from pathlib import Path
 
 from tests.conftest import ROOT
 from xpu_serve import exitcodes
@@ -99,3 +101,57 @@ def test_every_production_integration_names_the_command_that_proves_it() -> None
                 assert (ROOT / path).is_file(), f"### {title}: {path} does not exist"
                 if name:
                     assert f"def {name}(" in (ROOT / path).read_text(), f"### {title}: no test {arg}"
+
+
+def _command_rows() -> dict[str, str]:
+    """The README's per-command exit code table: command cell -> codes cell."""
+    text = README.read_text().split("Per command (", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in text.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1]
+    return rows
+
+
+def test_exit_codes_per_command(tmp_path: Path, xpu_serve_cmd: list[str]) -> None:
+    """Each command, run for real into the state that gives a code, exits with that code, and the
+    README's row for it documents the code."""
+    rt = tmp_path / "rt"
+    good = tmp_path / "c.yaml"
+    good.write_text(f"engine: {{model: tiny}}\nruntime_dir: {rt}\nmetrics: {{enabled: false}}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: {port: x}\n")
+    case = ROOT / "tests" / "fixtures" / "cases" / "b70-worker0-died-ccl" / "input.log"
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    kernel = tmp_path / "kernel.txt"
+    kernel.write_text("[  551.424205] xe 0000:03:00.0: [drm] GT0: Engine reset: engine_class=bcs, logical_mask: 0x1, guc_id=3\n")
+    quiet_kernel = tmp_path / "quiet.txt"
+    quiet_kernel.write_text("[    1.000000] Linux version 6.8.0\n")
+    runs: list[tuple[str, list[str], int]] = [
+        ("`up`", ["up", "-c", str(bad)], 2),
+        ("`status`", ["status", "-c", str(good)], 1),
+        ("`status`", ["status", "-c", str(bad)], 2),
+        ("`status --check`", ["status", "-c", str(good), "--check"], 2),
+        ("`stop`", ["stop", "-c", str(good)], 1),
+        ("`stop`", ["stop", "-c", str(bad)], 2),
+        ("`check`", ["check", "-c", str(bad)], 2),
+        ("`render`, `unit`", ["render", "-c", str(good)], 0),
+        ("`render`, `unit`", ["unit", "-c", str(bad)], 2),
+        ("`diagnose`", ["diagnose", str(case)], 0),
+        ("`diagnose`", ["diagnose", str(tmp_path)], 2),
+        ("`diagnose`", ["diagnose", str(empty)], 6),
+        ("`bundles`", ["bundles", "-c", str(good), "list"], 0),
+        ("`bundles`", ["bundles", "-c", str(good), "show", "nope"], 2),
+        ("`bundle`", ["bundle", "-c", str(bad)], 2),
+        ("`npd check`", ["npd", "check", "--source", "file", "--path", str(quiet_kernel)], 0),
+        ("`npd check`", ["npd", "check", "--source", "file", "--path", str(kernel)], 1),
+        ("`npd check`", ["npd", "check", "--source", "file", "--path", str(tmp_path / "none")], 2),
+    ]
+    rows = _command_rows()
+    for row, argv, code in runs:
+        r = subprocess.run([*xpu_serve_cmd, *argv], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == code, (argv, r.returncode, r.stdout[-500:], r.stderr[-500:])
+        assert "Traceback" not in r.stderr, (argv, r.stderr)
+        assert re.search(rf"(^|; ){code} ", rows[row]), (row, code, rows[row])
+    assert set(rows) >= {row for row, _, _ in runs}

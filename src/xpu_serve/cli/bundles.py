@@ -15,10 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xpu_serve import exitcodes
 from xpu_serve.cli._common import nonempty_dir
 from xpu_serve.cli.status import add_runtime_arguments, resolve_runtime_dir
+
+if TYPE_CHECKING:
+    from xpu_serve.bundle import BundleInfo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,55 +68,72 @@ def _words(text: str, n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """List, show or locate bundles; returns an exit code from `xpu_serve.exitcodes`."""
-    from xpu_serve.bundle import find_bundle, list_bundles, read_bundle_file
+    """List, show or locate bundles; returns an exit code from `xpu_serve.exitcodes`. Errors are
+    one line on stderr, `xpu-serve bundles ACTION: ...`, naming the bundles folder."""
+    from xpu_serve.bundle import find_bundle
 
     runtime_dir = resolve_runtime_dir(args)
     if runtime_dir is None:
         return exitcodes.USAGE
     action = args.action or "list"
     if action == "list":
-        bundles = list_bundles(runtime_dir)
-        if args.json:
-            print(json.dumps([b.to_dict() for b in bundles], indent=2))
-            return exitcodes.OK
-        if not bundles:
-            print(f"no bundles under {Path(runtime_dir) / 'bundles'}")
-            return exitcodes.OK
-        width = max(len(b.id) for b in bundles)
-        print(f"{'ID':<{width}}  {'CAUSE':<20} {'INC':>4} {'SIZE':>10}  {'COMPLETE':<8}  SUMMARY")
-        for b in bundles:
-            comp = {True: "yes", False: "no", None: "partial"}[b.complete]
-            text = f"DAMAGED: {b.problem}" if b.problem else b.summary
-            print(f"{b.id:<{width}}  {b.cause:<20} {b.incarnation:>4} {_size(b.size_bytes):>10}  {comp:<8}  "
-                  f"{_words(text, 100)}")
-        return exitcodes.OK
+        return _list(runtime_dir, args.json)
     if not getattr(args, "id", None):
-        print(f"xpu-serve bundles {action}: an ID is required (see `xpu-serve bundles list`)", file=sys.stderr)
-        return exitcodes.USAGE
+        return _error(action, "an ID is required (see `xpu-serve bundles list`)")
     try:
         b = find_bundle(runtime_dir, args.id)
     except LookupError as e:
-        print(str(e), file=sys.stderr)
-        return exitcodes.USAGE
+        return _error(action, str(e))
     if action == "path":
         target = b.tar if (getattr(args, "tar", False) or b.path is None) else b.path
         if target is None:
-            print(f"bundle {b.id} has no .tar.gz (bundles.tar is off)", file=sys.stderr)
-            return exitcodes.USAGE
+            return _error(action, f"bundle {b.id} has no .tar.gz (bundles.tar is off)")
         print(target)
         return exitcodes.OK
-    # show
-    manifest: dict | None = None
-    incident: dict | None = None
+    _show(b, args.json)
+    return exitcodes.OK
+
+
+def _error(action: str, message: str) -> int:
+    print(f"xpu-serve bundles {action}: {message}", file=sys.stderr)
+    return exitcodes.USAGE
+
+
+def _list(runtime_dir: Path | str, as_json: bool) -> int:
+    """`bundles list`: a table, oldest first (`--json`: the `BundleInfo` dicts)."""
+    from xpu_serve.bundle import list_bundles
+
+    bundles = list_bundles(runtime_dir)
+    if as_json:
+        print(json.dumps([b.to_dict() for b in bundles], indent=2))
+        return exitcodes.OK
+    if not bundles:
+        print(f"no bundles under {Path(runtime_dir) / 'bundles'}")
+        return exitcodes.OK
+    width = max(len(b.id) for b in bundles)
+    print(f"{'ID':<{width}}  {'CAUSE':<20} {'INC':>4} {'SIZE':>10}  {'COMPLETE':<8}  SUMMARY")
+    for b in bundles:
+        comp = {True: "yes", False: "no", None: "partial"}[b.complete]
+        text = f"DAMAGED: {b.problem}" if b.problem else b.summary
+        print(f"{b.id:<{width}}  {b.cause:<20} {b.incarnation:>4} {_size(b.size_bytes):>10}  {comp:<8}  "
+              f"{_words(text, 100)}")
+    return exitcodes.OK
+
+
+def _show(b: BundleInfo, as_json: bool) -> None:
+    """`bundles show ID`: state, summary.md, the manifest's errors and files (`--json`: the
+    bundle, incident.json and bundle.json as one object)."""
+    from xpu_serve.bundle import read_bundle_file
+
+    manifest = incident = None
     summary = ""
     if b.path is not None:
         manifest = _json_object(read_bundle_file(b.path, "bundle.json"))
         incident = _json_object(read_bundle_file(b.path, "incident.json"))
         summary = (read_bundle_file(b.path, "summary.md") or b"").decode("utf-8", "replace")
-    if args.json:
+    if as_json:
         print(json.dumps({"bundle": b.to_dict(), "incident": incident, "manifest": manifest}, indent=2))
-        return exitcodes.OK
+        return
     print(f"bundle {b.id}")
     print(f"path: {b.path or '-'}" + (f"\ntar: {b.tar}" if b.tar else ""))
     comp = {True: "complete", False: "INCOMPLETE", None: "partial (the writer did not finish)"}[b.complete]
@@ -122,19 +143,23 @@ def run(args: argparse.Namespace) -> int:
         print(summary.rstrip("\n"))
     elif b.path is None:
         print("(only the .tar.gz is left; unpack it to read the bundle)")
-    if manifest:
-        errors = manifest.get("errors")
-        if isinstance(errors, list) and errors:
-            print("\n## Errors")
-            for err in errors:
-                print(f"- {err}")
-        files = manifest.get("files")
-        if isinstance(files, list):
-            print("\n## Files")
-            for f in files:
-                if isinstance(f, dict):
-                    print(f"{f.get('bytes', 0)!s:>12}  {f.get('path')}")
-    return exitcodes.OK
+    _show_manifest(manifest)
+
+
+def _show_manifest(manifest: dict | None) -> None:
+    if not manifest:
+        return
+    errors = manifest.get("errors")
+    if isinstance(errors, list) and errors:
+        print("\n## Errors")
+        for err in errors:
+            print(f"- {err}")
+    files = manifest.get("files")
+    if isinstance(files, list):
+        print("\n## Files")
+        for f in files:
+            if isinstance(f, dict):
+                print(f"{f.get('bytes', 0)!s:>12}  {f.get('path')}")
 
 
 def _json_object(raw: bytes | None) -> dict | None:
