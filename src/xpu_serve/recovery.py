@@ -179,16 +179,20 @@ def analyse(log_dir: Path, trig: Trigger, procs: dict[int, ProcessInfo], exited:
     return contract
 
 
-def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> tuple[str | None, dict[str, Any]]:
+def recover_one(
+    log_dir: Path, runtime_dir: Path, config: Any, by_pid: int, note: str | None = None, again: bool = False
+) -> tuple[str | None, dict[str, Any]]:
     """Write the bundle of the incident pending in `log_dir`; returns (bundle path or None,
-    contract). The marker is removed once a bundle folder exists. Blocking (the bundle writer:
+    contract). `note`: the bundle's first note (default: the capture was cut by a kill -9 of the
+    supervisor); `again`: write the marker's folder afresh even when it has its bundle.json (a
+    bundle a full disk left without files: `supervision.rewrite`). The marker is removed once a bundle folder exists. Blocking (the bundle writer:
     up to 2 x bundles.collector_timeout_s + 5 s)."""
     from xpu_serve.bundle import write_incident_bundle
     from xpu_serve.supervision.capture import report_text
 
     m = read_pending(log_dir) or {}
     cut = _begun_bundle(runtime_dir, m.get("bundle"))
-    if cut is not None and (cut / "bundle.json").is_file():  # cut after its last file: complete
+    if cut is not None and (cut / "bundle.json").is_file() and not again:  # cut after its last file: complete
         clear_pending(log_dir)
         return str(cut), _contract_of(cut)
     trig = _trigger(m.get("trigger"), fallback_at=_mtime(log_dir / PENDING_FILE))
@@ -196,7 +200,7 @@ def recover_one(log_dir: Path, runtime_dir: Path, config: Any, by_pid: int) -> t
     n = _int(m.get("incarnation")) or _incarnation_of(log_dir)
     contract = analyse(log_dir, trig, procs, exited)
     contract["recovered"] = True
-    note = (
+    note = note or (
         f"recovered: the capture of this incident was cut short (kill -9 of the supervisor, pid "
         f"{m.get('supervisor_pid')}, while capturing); this bundle was written by the next `up` "
         f"(pid {by_pid}) from the logs kept in {log_dir}: no stacks, no live /proc facts, host "

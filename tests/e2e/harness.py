@@ -108,8 +108,13 @@ class Up:
             lines = (self.runtime / "events.jsonl").read_text().splitlines()
         except FileNotFoundError:
             return []
-        evs = [json.loads(x) for x in lines if x.strip()]
-        return [e for e in evs if name is None or e["event"] == name]
+        evs = []
+        for x in lines:
+            try:  # (a full disk may have cut a line short)
+                evs.append(json.loads(x))
+            except ValueError:
+                pass
+        return [e for e in evs if isinstance(e, dict) and (name is None or e.get("event") == name)]
 
     def wait_for(self, cond: Any, timeout: float, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout

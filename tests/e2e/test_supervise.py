@@ -452,6 +452,50 @@ def test_full_runtime_disk_keeps_state_json_current(up_factory: Any, xpu_serve_c
         subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
 
 
+def test_bundle_cut_by_a_full_disk_is_written_again_once_the_disk_has_room(up_factory: Any) -> None:
+    """Runtime dir on a real 16 MB tmpfs filled up before a worker SIGKILL: the incident's bundle
+    lacks files (ENOSPC) and supervision goes on (incarnation 2 ready); once the filler is removed
+    the same supervisor writes the bundle again from the kept logs: complete, the same cause and
+    root, a note that says so; the stop exits 0."""
+    from .test_supervise_parts import fill_disk
+
+    u = up_factory()
+    u.runtime.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(u.runtime)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        u.start(env={"XPU_SERVE_STATE_HEARTBEAT_S": "0.5"})
+        st = u.wait_tree(1)
+        fill_disk(u.runtime)
+        worker = next(p["pid"] for p in st["processes"] if p["name"] == "Worker_TP0")
+        os.kill(worker, signal.SIGKILL)
+        u.wait_tree(2)
+        from xpu_serve.bundle import list_bundles
+
+        first = [b for b in list_bundles(u.runtime) if "-i1-" in b.id]
+        assert len(first) == 1 and first[0].complete is not True, first  # cut by ENOSPC
+        assert first[0].path is not None
+        for f in u.runtime.glob("filler-*"):
+            f.unlink()
+        u.wait_for(lambda: u.events("bundle-rewritten"), 60, "the rewrite")
+        ev = u.events("bundle-rewritten")[0]
+        bundle = Path(ev["bundle"])
+        assert bundle == first[0].path and (bundle / "bundle.json").is_file(), ev
+        assert [b.complete for b in list_bundles(u.runtime) if "-i1-" in b.id] == [True]
+        contract = json.loads((bundle / "incident.json").read_text())
+        assert contract["cause"] == "process-crash" and ev["cause"] == "process-crash"
+        assert contract["root"]["process"] == "Worker_TP0", contract["root"]
+        assert contract["notes"][0].startswith("rewritten: the disk was full"), contract["notes"]
+        assert (bundle / "logs" / "vllm.log").is_file()
+        assert not (u.runtime / "logs" / "1" / "incident-pending.json").exists()
+        u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert u.exit_code() == 0
+    finally:
+        u.kill_all()
+        subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
+
+
 def test_early_sigusr1_and_sighup_do_not_kill_the_supervisor(up_factory: Any) -> None:
     """Sent before the handlers are installed, SIGUSR1/SIGHUP are ignored (their default action
     terminates); the engine, launched later, still has the default dispositions."""

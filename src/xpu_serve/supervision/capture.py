@@ -31,6 +31,7 @@ from xpu_serve.incarnation import Observer, ProcessInfo, Trigger, Watcher
 from xpu_serve.sources.kernel import in_initial_pid_namespace
 from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
+from xpu_serve.supervision.rewrite import Rewrites, cut_by_full_disk
 
 # Signals after which the kernel usually logs a record naming the faulting library or the OOM
 # kill (arch/x86/mm/fault.c show_signal_msg, arch/x86/kernel/traps.c, mm/oom_kill.c): the capture
@@ -85,6 +86,7 @@ class Capture:
         self.log, self.run_id, self.watchers = log, run_id, watchers
         self._progress, self._drain, self._prove = progress, drain, prove_segments
         self._finishing: list[asyncio.Task[None]] = []
+        self.rewrites: Rewrites | None = None  # bundles a full disk cut, made at the first
 
     async def run(self, ctx: Incarnation, restarts: int) -> Captured:
         """Before the stop: settle, flush, analyse, and the bundle's first step (`IncidentBundle.
@@ -118,10 +120,13 @@ class Capture:
         self._finishing = [*earlier, task]
 
     async def finished(self) -> None:
-        """Wait for the bundles `finish` is writing, if any (the supervisor exits only after them)."""
+        """Wait for the bundles `finish` is writing, if any (the supervisor exits only after them).
+        Bundles still waiting for room on a full disk are left to the next `up` (their markers)."""
         tasks, self._finishing = self._finishing, []
         for task in tasks:
             await asyncio.shield(task)
+        if self.rewrites is not None:
+            await self.rewrites.close()
 
     async def _finish(
         self,
@@ -162,8 +167,18 @@ class Capture:
         res = await asyncio.to_thread(got.job.finish, got.contract, text)
         if res.errors and res.path is not None:  # (no folder at all: `run` said so)
             self.log.emit("warning", f"bundle incomplete: {'; '.join(str(e) for e in res.errors[:3])}")
-        if res.path is not None:
+        if cut_by_full_disk(res.errors):
+            self._rewrite_later(ctx, got, res.path)
+        elif res.path is not None:
             recovery.clear_pending(ctx.log_dir)
+
+    def _rewrite_later(self, ctx: Incarnation, got: Captured, path: Path | None) -> None:
+        if self.rewrites is None:
+            self.rewrites = Rewrites(ctx.runtime_dir, ctx.config, self.log)
+        marker = self._pending_marker(ctx, got.restarts)
+        self.rewrites.add(ctx.log_dir, {**marker, "bundle": str(path)} if path is not None else marker)
+        self.log.emit("warning", f"bundle of incarnation {ctx.incarnation}: the disk is full; it is written "
+                      "again from the kept logs once the disk has room")
 
     def _verdict(self, ctx: Incarnation, trig: Trigger, restarts: int) -> Captured:
         """The analysis of everything fed so far, as the contract with the supervisor's facts."""
