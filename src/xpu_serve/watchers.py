@@ -499,10 +499,11 @@ class HangWatcher(_LineFed):
         getter = KeepAliveGet(
             probe_address(e.host), e.port, max(1.0, min(interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
         )
+        scraper = prog.MetricsScraper(getter)
         try:
             while True:
                 now = time.monotonic()
-                sample = await prog.scrape_metrics(getter)
+                sample = await scraper.sample()
                 now = time.monotonic()
                 verdict: prog.HangVerdict | None = None
                 if sample is not None:
