@@ -8,6 +8,7 @@ teardown kills the supervisor and sweeps every process carrying its run id, what
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -244,6 +245,14 @@ class SimUp:
         )
         self.ps = psutil.Process(self.proc.pid)
 
+    def state(self) -> dict[str, Any]:
+        """state.json now ({} when absent or not yet whole)."""
+        try:
+            got = json.loads((self.runtime / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return got if isinstance(got, dict) else {}
+
     def events(self) -> list[dict[str, Any]]:
         """events.jsonl so far (lines that do not parse yet are skipped)."""
         try:
@@ -280,12 +289,21 @@ class SimUp:
         return Path(path)
 
     def stop(self) -> int:
-        """SIGTERM (SIGKILL after 30 s), then kill, by pid, any child left; returns the exit code."""
+        """SIGTERM (SIGKILL after 30 s), then kill, by pid, any child left; returns the exit code.
+        When the supervisor did not stop on its own (killed here, or by the test), the /dev/shm
+        segments its tree mapped are removed too: a SIGKILLed supervisor cleans nothing (its next
+        `up` would). After a clean exit they are left for the session's leak check to see."""
         kids: list[psutil.Process] = []
         try:
             kids = self.ps.children(recursive=True)
         except psutil.Error:
             pass
+        run_id = self.state().get("run_id")  # (a killed supervisor's tree: found by its run marker)
+        for pid in cleanup.find_members(run_id) if isinstance(run_id, str) and run_id else ():
+            with contextlib.suppress(psutil.Error):
+                if pid not in {k.pid for k in kids}:
+                    kids.append(psutil.Process(pid))
+        mapped = {p for p in cleanup.segments_of([k.pid for k in kids]) if p.startswith("/dev/shm/")}
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -299,6 +317,10 @@ class SimUp:
                     k.kill()
             except psutil.Error:
                 pass
+        if code < 0:
+            psutil.wait_procs(kids, timeout=5)
+            for path in mapped:
+                with_suppress(lambda p=path: os.unlink(p))
         self.out.close()
         return code
 
