@@ -487,79 +487,21 @@ class HangWatcher(_LineFed):
             if _failed(ctx):
                 return
             await asyncio.sleep(0.1)
-        e = self.config.engine
-        interval = self.cfg.metrics_interval_s
-        metrics = prog.MetricsProgress(self.cfg.after_s)
         with self._stats_lock:
             self.stats = prog.StatsLineProgress(self.cfg.after_s)
-        metrics_ok_at: float | None = None
-        last_canary = time.monotonic()
-        canary_task: asyncio.Task[prog.CanaryResult] | None = None
-        self._metrics, self._metrics_ok_at = metrics, None
-        getter = KeepAliveGet(
-            probe_address(e.host), e.port, max(1.0, min(interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
-        )
-        scraper = prog.MetricsScraper(getter)
+        rounds = _HangRounds(self)
         try:
             while True:
-                now = time.monotonic()
-                sample = await scraper.sample()
-                now = time.monotonic()
-                verdict: prog.HangVerdict | None = None
-                if sample is not None:
-                    metrics_ok_at = self._metrics_ok_at = now
-                    verdict = metrics.observe(now, sample, time.time())
-                elif metrics_ok_at is None or now - metrics_ok_at > 3 * interval:
-                    with self._stats_lock:
-                        verdict = self.stats.check(now)
-                if metrics_ok_at is not None and now - metrics_ok_at <= 3 * interval:
-                    idle = metrics.idle
-                else:
-                    with self._stats_lock:
-                        idle = self.stats.idle or self.stats.last is None
-                if canary_task is not None and canary_task.done():
-                    res = canary_task.result()
-                    canary_task = None
-                    last_canary = time.monotonic()
-                    if res.hung and verdict is None:
-                        # the counts /metrics showed: the canary itself is not user work in flight
-                        last = metrics.last
-                        verdict = prog.HangVerdict(
-                            res.duration_s,
-                            int(last.running or 0) if last is not None else 0,
-                            int(last.waiting or 0) if last is not None else 0,
-                            (metrics.last_progress_wall or time.time() - res.duration_s),
-                            "canary",
-                        )
-                if (
-                    verdict is None
-                    and self.cfg.canary
-                    and canary_task is None
-                    and idle
-                    and now - last_canary >= self.cfg.canary_interval_s
-                ):
-                    canary_task = asyncio.get_running_loop().create_task(
-                        prog.canary_request(
-                            probe_address(e.host),
-                            e.port,
-                            e.served_model_name or e.model,
-                            self.cfg.canary_timeout_s,
-                            e.api_key,
-                        )
-                    )
+                verdict = await rounds.next()
                 if _failed(ctx):
                     return
                 if verdict is not None:
                     await self._on_hang(ctx, verdict)
                     return
-                await asyncio.sleep(min(interval, 0.5) if canary_task is not None else interval)
+                await asyncio.sleep(rounds.pause_s())
         finally:
             self._metrics = None
-            getter.close()
-            if canary_task is not None:
-                canary_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await canary_task
+            await rounds.close()
 
     async def _on_hang(self, ctx: IncarnationContext, v: prog.HangVerdict) -> None:
         detected_at = time.time()
@@ -593,6 +535,84 @@ class HangWatcher(_LineFed):
         trig = Trigger(kind="hang", detail=detail, at=detected_at, event=ev)
         trig.stacks = stacks  # type: ignore[attr-defined]  # the supervisor hands getattr(trig, "stacks") to the bundle
         ctx.fail(trig)
+
+
+class _HangRounds:
+    """One `HangWatcher` watch, a round every `metrics_interval_s`: a `/metrics` scrape (the
+    stats lines decide while it has failed for 3 intervals), and the canary while idle. `next()`
+    returns a verdict or None; `close()` ends the connection and a canary in flight."""
+
+    def __init__(self, w: HangWatcher):
+        e = w.config.engine
+        self.w, self.interval = w, w.cfg.metrics_interval_s
+        self.metrics = w._metrics = prog.MetricsProgress(w.cfg.after_s)
+        w._metrics_ok_at = None
+        self.ok_at: float | None = None  # monotonic s of the last good scrape
+        self.last_canary = time.monotonic()
+        self.canary: asyncio.Task[prog.CanaryResult] | None = None
+        self.getter = KeepAliveGet(
+            probe_address(e.host), e.port, max(1.0, min(self.interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
+        )
+        self.scraper = prog.MetricsScraper(self.getter)
+
+    async def next(self) -> prog.HangVerdict | None:
+        sample = await self.scraper.sample()
+        now = time.monotonic()
+        verdict: prog.HangVerdict | None = None
+        if sample is not None:
+            self.ok_at = self.w._metrics_ok_at = now
+            verdict = self.metrics.observe(now, sample, time.time())
+        elif self.ok_at is None or now - self.ok_at > 3 * self.interval:
+            with self.w._stats_lock:
+                verdict = self.w.stats.check(now)
+        if self.canary is not None and self.canary.done():
+            res, self.canary = self.canary.result(), None
+            self.last_canary = time.monotonic()
+            if res.hung and verdict is None:
+                verdict = self._canary_verdict(res)
+        if verdict is None and self._canary_due(now):
+            e, cfg = self.w.config.engine, self.w.cfg
+            self.canary = asyncio.get_running_loop().create_task(
+                prog.canary_request(
+                    probe_address(e.host), e.port, e.served_model_name or e.model, cfg.canary_timeout_s, e.api_key
+                )
+            )
+        return verdict
+
+    def _idle(self, now: float) -> bool:
+        if self.ok_at is not None and now - self.ok_at <= 3 * self.interval:
+            return self.metrics.idle
+        with self.w._stats_lock:
+            return self.w.stats.idle or self.w.stats.last is None
+
+    def _canary_due(self, now: float) -> bool:
+        cfg = self.w.cfg
+        return (
+            cfg.canary and self.canary is None and self._idle(now) and now - self.last_canary >= cfg.canary_interval_s
+        )
+
+    def _canary_verdict(self, res: prog.CanaryResult) -> prog.HangVerdict:
+        """A canary that timed out: the counts /metrics showed (the canary itself is not user
+        work in flight)."""
+        last = self.metrics.last
+        return prog.HangVerdict(
+            res.duration_s,
+            int(last.running or 0) if last is not None else 0,
+            int(last.waiting or 0) if last is not None else 0,
+            (self.metrics.last_progress_wall or time.time() - res.duration_s),
+            "canary",
+        )
+
+    def pause_s(self) -> float:
+        """Seconds to the next round: shorter while a canary is out (its answer is a verdict)."""
+        return min(self.interval, 0.5) if self.canary is not None else self.interval
+
+    async def close(self) -> None:
+        self.getter.close()
+        if self.canary is not None:
+            self.canary.cancel()
+            with contextlib.suppress(BaseException):
+                await self.canary
 
 
 class StartupWatcher(_LineFed):
