@@ -327,26 +327,10 @@ class KernelWatcher:
         wall = rec.wall
         c = corr.match(ev.pid, ev.process, wall)
         if c.ours:
-            ev.extra["correlated_by"] = c.by
-            ev.extra["comm"] = ev.process
-            if c.info is not None:
-                ev.extra["our_pid"] = c.info.pid
-                ev.process = c.info.name
-                ev.rank = c.info.rank
-            if c.note:
-                ev.extra["note"] = c.note
+            _take_ours(ev, c)
         gpu = is_gpu_fault(ev)
-        if gpu:
-            dev = ev.extra.get("device")
-            if dev:
-                ranks, how = self._device_ranks(ctx)
-                if str(dev) in ranks:
-                    ev.rank = ranks[str(dev)]
-                    ev.extra["rank_by"] = how
-                else:
-                    ev.extra["rank_note"] = (
-                        how if not ranks else f"device {dev} not among the ranks' devices ({how})"
-                    )
+        if gpu and ev.extra.get("device"):
+            self._rank_of_device(ev, ctx)
         if not ksrc.attributable(ev, c.ours) or not (c.ours or gpu or ev.signature):
             # another program's segfault/OOM is not our evidence; unclassified records without a
             # process are not either (classified ones, firmware and driver notices, are context)
@@ -359,13 +343,8 @@ class KernelWatcher:
             if not (gpu and is_wedged(ev)):
                 return None
             ev.extra["before_start"] = True
-        key = (rec.seq, None) if rec.seq is not None else (rec.boot_s, rec.message)
-        if key in self._seen:
+        if not self._first_time(rec):
             return None  # already recorded (look-back windows of two incarnations overlap)
-        self._seen.add(key)
-        self._seen_order.append(key)
-        if len(self._seen_order) > 10000:
-            self._seen.discard(self._seen_order.popleft())
         ctx.record(ev)
         if gpu:
             if not before:
@@ -374,24 +353,63 @@ class KernelWatcher:
                 with self._lock:
                     self.wedged[str(ev.extra.get("device") or "unknown")] = ev
         if c.ours and is_crash_record(ev) and (wall is None or wall >= ctx.started_at - 2.0):
-            who = ev.process or "process"
-            pid = c.info.pid if c.info is not None else ev.pid
-            self.crash_pids.add(pid)
-            if self._crash_seen is not None:
-                self._crash_seen.set()
-            ctx.fail(
-                Trigger(
-                    kind="kernel",
-                    detail=f"kernel: {who} (pid {pid}): {ev.text[:200]}",
-                    at=time.time(),
-                    process=c.info.name if c.info is not None else ev.process,
-                    rank=c.info.rank if c.info is not None else None,
-                    pid=pid,
-                    signal=_signal_of(ev),
-                    event=ev,
-                )
-            )
+            self._fail_on_crash(ev, c, ctx)
         return ev
+
+    def _rank_of_device(self, ev: Event, ctx: IncarnationContext) -> None:
+        """The TP rank whose device a GPU record names (`rank_by`), or why none (`rank_note`)."""
+        dev = str(ev.extra.get("device"))
+        ranks, how = self._device_ranks(ctx)
+        if dev in ranks:
+            ev.rank = ranks[dev]
+            ev.extra["rank_by"] = how
+        else:
+            ev.extra["rank_note"] = how if not ranks else f"device {dev} not among the ranks' devices ({how})"
+
+    def _first_time(self, rec: ksrc.KernelRecord) -> bool:
+        """False for a record already handled (by sequence number, else boot time and text)."""
+        key = (rec.seq, None) if rec.seq is not None else (rec.boot_s, rec.message)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        self._seen_order.append(key)
+        if len(self._seen_order) > 10000:
+            self._seen.discard(self._seen_order.popleft())
+        return True
+
+    def _fail_on_crash(self, ev: Event, c: ksrc.Correlation, ctx: IncarnationContext) -> None:
+        """A kernel crash record (segfault, trap, OOM kill) of one of our processes fails the
+        incarnation at once (the process exit may be seen later)."""
+        who = ev.process or "process"
+        pid = c.info.pid if c.info is not None else ev.pid
+        self.crash_pids.add(pid)
+        if self._crash_seen is not None:
+            self._crash_seen.set()
+        ctx.fail(
+            Trigger(
+                kind="kernel",
+                detail=f"kernel: {who} (pid {pid}): {ev.text[:200]}",
+                at=time.time(),
+                process=c.info.name if c.info is not None else ev.process,
+                rank=c.info.rank if c.info is not None else None,
+                pid=pid,
+                signal=_signal_of(ev),
+                event=ev,
+            )
+        )
+
+
+def _take_ours(ev: Event, c: ksrc.Correlation) -> None:
+    """An event correlated to one of our processes (`Correlator.match`) takes its name and rank;
+    the kernel's comm and how it was matched stay in `extra`."""
+    ev.extra["correlated_by"] = c.by
+    ev.extra["comm"] = ev.process
+    if c.info is not None:
+        ev.extra["our_pid"] = c.info.pid
+        ev.process = c.info.name
+        ev.rank = c.info.rank
+    if c.note:
+        ev.extra["note"] = c.note
 
 
 class _LineFed:
