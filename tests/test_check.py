@@ -129,6 +129,12 @@ def test_text_output_one_line_per_finding(xpu_serve_cmd: list[str], tmp_path: Pa
     assert lines and all(line.split()[0] in ("ok", "info", "warning", "error") for line in lines)
     assert any(line.startswith("ok      port ") for line in lines)
     assert r.stderr.startswith("check: 0 error(s)")
+    # the messages line up: they start one column after the longest check id (e.g. "render-group")
+    width = max(len(line.split()[1]) for line in lines)
+    for line in lines:
+        check = line.split()[1]
+        assert line[8:8 + len(check)] == check and line[8 + len(check):9 + width].strip() == "", line
+        assert line[9 + width] != " ", line
 
 
 def test_port_taken_is_an_error(

@@ -67,9 +67,10 @@ class Finding:
     check: str
     message: str
 
-    def line(self) -> str:
-        """`LEVEL   CHECK       message`, the text form `check` prints."""
-        return f"{self.level:<7} {self.check:<11} {self.message}"
+    def line(self, width: int = 11) -> str:
+        """`LEVEL   CHECK       message`, the text form `check` prints; `width`: the CHECK column's
+        (the longest check id of the list, so the messages line up)."""
+        return f"{self.level:<7} {self.check:<{width}} {self.message}"
 
     def as_dict(self) -> dict[str, str]:
         """{"level", "check", "message"}, the `check --json` form."""

@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
+        width = max((len(f.check) for f in findings), default=0)
         for f in findings:
-            print(f.line())
+            print(f.line(width))
         counts = {lvl: sum(f.level == lvl for f in findings) for lvl in ("error", "warning")}
         print(
             f"check: {counts['error']} error(s), {counts['warning']} warning(s)"
