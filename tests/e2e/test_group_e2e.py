@@ -266,6 +266,15 @@ def test_follower_worker_killed_under_load_node1_died_first(group: tuple[Up, Up]
     # and on the head's clock (offset from the heartbeats) node 1's rank 1 died first
     group_json = _group_json(head, Path(inc["bundle"]))
     assert (group_json["first_death"]["node_rank"], group_json["first_death"]["rank"]) == (1, 1), group_json
+    # the verdict too: the head's gloo "Read error [127.0.0.1]:PORT: Connection reset by peer" (its
+    # TP rank 0 and EngineCore's re-raise) names the dead node's address: consequences of its death
+    assert inc["cause"] == "process-crash", inc
+    assert "Worker_TP1 (rank 1, pid " in inc["msg"] and "on node 1 was killed by SIGKILL" in inc["msg"], inc
+    contract = json.loads((Path(inc["bundle"]) / "incident.json").read_text())
+    assert (contract["root"]["process"], contract["root"]["rank"]) == ("Worker_TP1", 1), contract["root"]
+    gloo = [c for c in contract["consequences"] if c["signature"] == "gloo-peer-lost"]
+    assert {c["process"] for c in gloo} == {"Worker_TP0", "EngineCore"}, contract["consequences"]
+    assert all("Connection reset by peer" in c["text"] for c in gloo)
     facts_log = (head.runtime / "logs" / "1" / "facts.log").read_text()
     assert "Worker_TP1@node1 (pid " in facts_log and "killed by SIGKILL" in facts_log
     head.wait_state("ready", 2, timeout=90)
