@@ -186,15 +186,46 @@ def test_head_alone_rendezvous_stall_names_the_node_that_never_joined(tmp_path: 
         head.wait_for(lambda: head.events("failed"), 60, "the head's failure")
         failed = head.events("failed")[0]
         assert failed["trigger"] == "rendezvous-stall" and failed["process"] == "node1", failed
-        assert "node 1 never joined epoch 1" in failed["msg"]
+        # it never registered: no address is known for it
+        assert "node 1 never joined epoch 1 (rendezvous stall, 4 s after the launch)" in failed["msg"], failed
         assert head.state().get("state") != "ready"
         inc = _incident(head)
-        # the analysis names the follower's TP rank, the note its node
-        assert inc["cause"] == "startup-hang" and "rank 1 did not reach" in inc["msg"], inc
+        # the verdict names the node that never joined and its TP rank
+        assert inc["cause"] == "startup-hang", inc
+        assert ": node 1 never joined epoch 1 (rendezvous stall, 4 s after the launch); rank 1 did not reach " in inc[
+            "msg"
+        ], inc
         contract = json.loads((Path(inc["bundle"]) / "incident.json").read_text())
         assert any("node 1 never joined epoch 1" in n for n in contract.get("notes", [])), contract
     finally:
         head.kill_all()
+
+
+def test_follower_gone_for_good_the_next_epoch_s_stall_names_its_node_and_address(tmp_path: Path) -> None:
+    """The follower's supervisor and tree SIGKILLed: the head restarts the group (node
+    unreachable), and epoch 2's rendezvous stall names node 1 with the address it registered from."""
+    for d in ("head", "follower"):
+        (tmp_path / d).mkdir()
+    head, fol = _pair(tmp_path)
+    head.cfg["supervision"]["startup"]["stall_s"] = 8
+    head.write_config()
+    try:
+        head.start()
+        fol.start()
+        head.wait_state("ready", 1, timeout=90)
+        fol.kill_all()
+        head.wait_for(lambda: len(head.events("failed")) >= 2, 90, "epoch 2's stall")
+        first, second = head.events("failed")[:2]
+        assert first["trigger"] == "node-unreachable", first
+        assert second["trigger"] == "rendezvous-stall" and second["process"] == "node1", second
+        assert "node 1 (127.0.0.1) never joined epoch 2 (rendezvous stall, 8 s after the launch)" in second["msg"]
+        inc = _incident(head, 1)
+        assert inc["cause"] == "startup-hang", inc
+        assert ": node 1 (127.0.0.1) never joined epoch 2 (rendezvous stall, 8 s after the launch); rank 1 did not " \
+            "reach " in inc["msg"], inc
+    finally:
+        head.kill_all()
+        fol.kill_all()
 
 
 def test_follower_stopped_while_waiting_for_its_head_launches_nothing(tmp_path: Path) -> None:

@@ -128,6 +128,7 @@ class GroupHead:
         self.on_incident, self.admit, self.info = on_incident, admit, info
         self._epoch = epoch
         self._previous: dict[int, Member] = {}  # the last epoch's members: their late incidents count
+        self.addresses: dict[int, str] = {}  # node rank -> the address of its last registration (any epoch)
         self.heard: dict[int, float] = {}  # node rank -> head's Unix time its last message was handled
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -195,6 +196,7 @@ class GroupHead:
                 if msg.epoch is not None and msg.epoch != epoch:
                     return 409, {"error": f"epoch {msg.epoch} is not the group's: it runs epoch {epoch}"}
                 self.membership.register(msg.node_rank, msg.pid, epoch, address, self.wall())
+                self.addresses[msg.node_rank] = address
                 return 200, {}
             assert isinstance(msg, (Heartbeat, Incident))
             late = self._previous.get(msg.node_rank) if isinstance(msg, Incident) and msg.epoch == epoch - 1 else None

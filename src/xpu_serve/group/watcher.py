@@ -8,7 +8,7 @@ Head (node rank 0): serves the group channel (`channel.GroupHead`) on `group.lis
 of the supervisor; fails its incarnation when a follower reports a death (`node-death`, within
 the channel's round trip), when a registered follower is not heard from for `peer_timeout_s`
 (`node-unreachable`) or when a follower has not joined `supervision.startup.stall_s` after the
-launch (`rendezvous-stall`, naming the node). Any failure of the head's incarnation starts the
+launch (`rendezvous-stall`, naming the node and the address it last registered from, if it ever did). Any failure of the head's incarnation starts the
 next epoch at once: every follower's next heartbeat is refused with the new epoch named, which
 tells it to capture and stop (a group restart).
 
@@ -196,13 +196,16 @@ class GroupWatcher:
                 )
             missing = head.membership.missing()
             if missing and ctx.ready_at is None and now - ctx.started_at > stall_s:
+                nodes = ", ".join(
+                    f"{r} ({head.addresses[r]})" if r in head.addresses else str(r) for r in missing
+                )
                 ctx.fail(
                     Trigger(
                         kind="rendezvous-stall",
                         at=now,
                         process=f"node{missing[0]}",
-                        detail=f"rendezvous stall: node {', '.join(map(str, missing))} never joined "
-                        f"epoch {head.epoch} ({stall_s:g} s after the launch)",
+                        detail=f"node{'s' if len(missing) > 1 else ''} {nodes} never joined epoch {head.epoch} "
+                        f"(rendezvous stall, {stall_s:g} s after the launch)",
                     )
                 )
             await asyncio.sleep(POLL_S)
