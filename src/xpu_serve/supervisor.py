@@ -241,6 +241,7 @@ class Supervisor:
         self.group = _group_member(self.watchers, self.log)
         if self.group is not None:  # readiness needs every node of the group
             self.readiness.gate = self.group.ready_gate
+            self.group.request_stop = self.request_stop  # a follower stops with its head
         self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
         self.exits.open()
         loop = asyncio.get_running_loop()
@@ -314,6 +315,8 @@ class Supervisor:
 
     async def _stopped(self) -> int:
         await self.capture.finished()  # the last incident's bundle is finished before the exit
+        if self.group is not None:  # a group's head: its followers hear of the stop first
+            await self.group.before_exit()
         self._set_state("stopped")
         self.log.emit("stopped", "server stopped; exit 0")
         return exitcodes.OK

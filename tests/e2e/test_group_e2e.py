@@ -131,6 +131,25 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
         _nothing_left(u)
 
 
+def test_head_stopped_followers_stop_cleanly_without_an_incident(group: tuple[Up, Up]) -> None:
+    """A planned stop of the head (SIGTERM to its supervisor, what `xpu-serve stop` sends): each
+    follower stops its tree too, says the head stopped, writes no bundle and exits 0."""
+    head, fol = group
+    assert head.proc is not None and fol.proc is not None
+    head.proc.send_signal(signal.SIGTERM)
+    assert head.exit_code(60) == 0
+    assert fol.exit_code(30) == 0
+    said = [e for e in fol.events("group") if "the head stopped (a planned stop" in e["msg"]]
+    assert len(said) == 1 and "node 1 stops its tree, no incident" in said[0]["msg"], fol.events("group")
+    assert fol.events("failed") == [] and fol.events("incident") == []
+    assert fol.events("stopped") and fol.state().get("state") == "stopped"
+    bundles = fol.runtime / "bundles"
+    assert not bundles.exists() or not any(bundles.iterdir())
+    assert head.events("incident") == []
+    for u in (head, fol):
+        _nothing_left(u)
+
+
 def test_head_supervisor_killed_follower_stops_its_tree(group: tuple[Up, Up]) -> None:
     head, fol = group
     assert head.proc is not None

@@ -13,7 +13,9 @@ next epoch at once: every follower's next heartbeat is refused with the new epoc
 tells it to capture and stop (a group restart).
 
 Follower: registers before each launch, heartbeats every `heartbeat_interval_s` with its state
-and incarnation, reports its own incarnation's trigger to the head as an incident the moment it
+and incarnation, stops (`request_stop`: a planned stop, exit 0, no incident) when the head's
+answer says it is stopping for good (its `xpu-serve stop` or SIGTERM; the head waits a heartbeat
+period for its followers to hear it, `before_exit`), reports its own incarnation's trigger to the head as an incident the moment it
 fires, fails its incarnation (`group-restart`) when the head names a newer epoch and
 (`head-lost`) when the head has not answered for `peer_timeout_s` (no stranded followers).
 
@@ -64,6 +66,9 @@ class GroupWatcher:
         self.follower: GroupFollower | None = None
         self.state = "starting"
         self.incarnation = 0
+        self.stopping = False  # this supervisor is stopping for good (a stop or gave-up)
+        self._stopping_since: float | None = None
+        self.request_stop: Callable[[], None] | None = None  # the supervisor's stop (a follower's head stopped)
         self.head_state: str | None = None
         self._launched_epoch: int | None = None
         self._ctx: IncarnationContext | None = None
@@ -73,7 +78,7 @@ class GroupWatcher:
                 self.g.nnodes,
                 on_incident=self._on_remote_incident,
                 admit=self._admit,
-                info=lambda: {"state": self.state},
+                info=lambda: {"state": self.state, "stopping": self.stopping},
             )
 
     @property
@@ -84,6 +89,20 @@ class GroupWatcher:
 
     def on_state(self, status: Status) -> None:
         self.state, self.incarnation = status.state, status.incarnation
+        if status.shutting_down and not self.stopping:
+            self.stopping, self._stopping_since = True, time.time()
+
+    async def before_exit(self) -> None:
+        """Head, before its supervisor exits after a stop: until every follower of the epoch has
+        been answered since the stop began (its answers carry `stopping: true`, and a follower
+        then stops its own tree: a planned stop, no incident), at most one heartbeat period plus
+        `REPORT_SLACK_S`. Follower: nothing."""
+        if self.head is None or self._stopping_since is None:
+            return
+        since, ranks = self._stopping_since, self.head.members_of_failed_epoch(self.head.epoch)
+        end = time.monotonic() + self.g.heartbeat_interval_s + REPORT_SLACK_S
+        while time.monotonic() < end and not all(self.head.heard.get(r, 0.0) >= since for r in ranks):
+            await asyncio.sleep(0.02)
 
     def on_incident(self, incident: dict[str, Any], bundle_path: str | None) -> None:
         if self.head is not None and bundle_path:
@@ -276,6 +295,10 @@ class GroupWatcher:
         try:
             answer = await fol.heartbeat(self.state, self.incarnation)
             self.head_state = answer.get("state") if isinstance(answer.get("state"), str) else None
+            if answer.get("stopping") is True and not self.stopping and self.request_stop is not None:
+                self.warn(f"the head stopped (a planned stop, its state {self.head_state}): node "
+                          f"{self.node_rank} stops its tree, no incident")
+                self.request_stop()
         except ChannelError as e:
             if e.status == 409 and e.epoch is not None and e.epoch != fol.epoch:
                 ctx.fail(
