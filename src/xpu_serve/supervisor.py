@@ -346,6 +346,7 @@ class Supervisor:
         if self.group is not None:  # a group's follower launches after its head, in its epoch
             joined = await self.group.before_launch(lambda: self._stop_requested or self._restart_requested)
             self.log.emit("group", f"incarnation {ctx.incarnation}: {joined}", epoch=self.group.epoch)
+            ctx.group_epoch = self.group.epoch
             if self._stop_requested or self._restart_requested:
                 return ctx  # stopped or restarted while waiting for the head: nothing launched
         if not self.engine.launch(ctx, self.lines.from_pump):

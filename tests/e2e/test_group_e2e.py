@@ -74,6 +74,13 @@ def _group_json(u: Up, bundle: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
+def _epoch_env(pid: int) -> str | None:
+    """XPU_SERVE_GROUP_EPOCH in the environment of process `pid` (/proc/PID/environ)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    got = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"XPU_SERVE_GROUP_EPOCH=")]
+    return got[0] if got else None
+
+
 def _nothing_left(u: Up) -> None:
     u.wait_for(lambda: not u.our_pids() and not u.our_segments(), 30, "nothing left of the tree")
 
@@ -86,6 +93,9 @@ def test_group_ready_only_with_every_node_and_both_stop_clean(group: tuple[Up, U
     # the follower runs only its headless MainProcess and TP rank 1
     names = {p["name"] for p in fol.state()["processes"]}
     assert "Worker_TP1" in names and "EngineCore" not in names and "Worker_TP0" not in names
+    # every launch carries the group's epoch: state.json and the engine's environment
+    assert head.state()["group_epoch"] == 1 and fol.state()["group_epoch"] == 1
+    assert {_epoch_env(p["pid"]) for u in (head, fol) for p in u.state()["processes"]} == {"1"}
     for u in (fol, head):
         assert u.proc is not None
         u.proc.send_signal(signal.SIGTERM)
@@ -120,6 +130,8 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
     head.wait_state("ready", 2, timeout=90)
     fol.wait_state("ready", 2, timeout=30)
     assert [e for e in fol.events("group") if "joined epoch 2" in e["msg"]]
+    assert head.state()["group_epoch"] == 2 and fol.state()["group_epoch"] == 2
+    assert {_epoch_env(p["pid"]) for u in (head, fol) for p in u.state()["processes"]} == {"2"}
     head_launch2 = [e for e in head.events("launched") if e["incarnation"] == 2][0]["ts"]
     fol_launch2 = [e for e in fol.events("launched") if e["incarnation"] == 2][0]["ts"]
     assert head_launch2 <= fol_launch2
