@@ -79,6 +79,14 @@ def test_packaged_rules_load_and_use_every_kind() -> None:
             "demote[2] (launcher-stop-kill): kind read-after needs an `anchor`",
         ),
         (lambda d: d["rows"].pop("stats_line"), "rows: missing stats_line"),
+        (
+            lambda d: d["demote"][2].update(window_s=3),
+            "demote[2] (launcher-stop-kill): window_s and after_link need same_peer: true",
+        ),
+        (
+            lambda d: d["demote"][2].update(same_peer=True),
+            "demote[2] (launcher-stop-kill).same_peer: only for kinds at-or-after and after",
+        ),
         (lambda d: d["demote"][3]["demote"].update(causes=["sadness"]), ".demote.causes: expected a list of"),
     ],
 )
@@ -152,6 +160,30 @@ def test_errors_after_first_death_demote_later_and_same_second_exceptions_of_oth
     kernel = _ev("device-lost", 6, sec=12, source="kernel")
     got = _run("errors-after-first-death", [death, later, same_sec, relayed, own, kernel])
     assert got == [later, same_sec]
+
+
+def test_peer_errors_after_node_death_link_the_peer_address_to_the_node_that_died() -> None:
+    def death(order: int, sec: int, addr: str) -> Event:
+        extra = {"signal": "SIGKILL", "node_rank": 1, "node_address": addr}
+        return _ev("process-killed-by-signal", order, sec=sec, source="process", pid=900 + order, extra=extra)
+
+    def gloo(order: int, sec: int, addr: str) -> Event:
+        return _ev("gloo-peer-lost", order, sec=sec, pid=100 + order, extra={"peer_addr": addr})
+
+    node1, node2 = death(1, 10, "10.0.0.2"), death(2, 30, "[::ffff:10.0.0.3]")
+    same_sec, later = gloo(3, 10, "10.0.0.2"), gloo(4, 25, "10.0.0.2")
+    # within the rule's window before the death (the remote exit time is late on this clock)
+    just_before, long_before = gloo(5, 9, "10.0.0.2"), gloo(6, 20, "10.0.0.3")  # node 2 died at 30
+    node3_late = gloo(7, 30, "10.0.0.3")
+    local = _ev("process-killed-by-signal", 8, sec=5, source="process", pid=50, extra={"signal": "SIGKILL"})
+    local_peer = gloo(9, 10, "10.0.0.9")
+    # this node's EngineCore exit 1 in the first linked error's second: it followed the lost link
+    core_exit = _ev("process-exited", 10, sec=9, source="process", pid=60, extra={"exit_code": 1})
+    evs = [node1, node2, same_sec, later, just_before, long_before, node3_late, local, local_peer, core_exit]
+    got = _run("peer-errors-after-node-death", evs)
+    assert got == [same_sec, later, just_before, node3_late, core_exit]
+    # a death of this node's own tree (no node_rank) anchors nothing
+    assert _run("peer-errors-after-node-death", [local, gloo(10, 10, "10.0.0.2")]) == []
 
 
 def test_kernel_fault_outranks_a_user_space_device_lost() -> None:

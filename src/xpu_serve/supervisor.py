@@ -20,6 +20,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -63,9 +64,8 @@ class Supervisor:
         engine_umask: the umask the engine is started with (`up` runs the supervisor under 077
             and passes the operator's); None: the supervisor's own.
 
-    Secrets: the known secret values (`xpu_serve.redact`: secret-looking keys of the config, the
-    environment, the engine's argv and variables) are replaced by `***` in every event, the
-    logs and the echo. Files and directories it creates are 0600 / 0700.
+    Secrets (`xpu_serve.redact`: secret-looking keys of the config, environment, engine argv and
+    variables) are `***` in every event, log and echo. Files it creates are 0600, folders 0700.
     """
 
     def __init__(
@@ -211,9 +211,7 @@ class Supervisor:
         if not ok and not self.watchers:  # (the start-up stall is then watched without phases)
             self.detectors.append(StallWatcher(self.config, lambda: self.lines.progress))
         self.capture.watchers = self.watchers
-        self.group = _group_member(self.watchers, self.log)
-        if self.group is not None:  # readiness needs every node of the group
-            self.readiness.gate = self.group.ready_gate
+        self.group = _group_member(self.watchers, self.log, self.readiness, self.request_stop)
         self.lines.hooks = [w.on_line for w in self.watchers if callable(getattr(w, "on_line", None))]  # type: ignore[attr-defined]
         self.exits.open()
         loop = asyncio.get_running_loop()
@@ -287,6 +285,8 @@ class Supervisor:
 
     async def _stopped(self) -> int:
         await self.capture.finished()  # the last incident's bundle is finished before the exit
+        if self.group is not None:  # a group's head: its followers hear of the stop first
+            await self.group.before_exit()
         self._set_state("stopped")
         self.log.emit("stopped", "server stopped; exit 0")
         return exitcodes.OK
@@ -316,6 +316,7 @@ class Supervisor:
         if self.group is not None:  # a group's follower launches after its head, in its epoch
             joined = await self.group.before_launch(lambda: self.asked.pending)
             self.log.emit("group", f"incarnation {ctx.incarnation}: {joined}", epoch=self.group.epoch)
+            ctx.group_epoch = self.group.epoch
             if self.asked.pending:
                 return ctx  # stopped or restarted while waiting for the head: nothing launched
         if not self.engine.launch(ctx, self.lines.from_pump):
@@ -469,12 +470,17 @@ def _plugins(
     return got_w, got_o, True
 
 
-def _group_member(watchers: list[Watcher], log: EventLog) -> Any:
+def _group_member(
+    watchers: list[Watcher], log: EventLog, readiness: ReadinessWatcher, request_stop: Callable[[], None]
+) -> Any:
     """The multi-node group's watcher (`group.watcher.GroupWatcher`: it has `before_launch`), its
-    messages in the event log; None without a group."""
+    messages in the event log, readiness gated on every node of the group, a follower stopping
+    with its head (`request_stop`); None without a group."""
     for w in watchers:
         if callable(getattr(w, "before_launch", None)):
             w.warn = lambda m: log.emit("group", m)  # type: ignore[attr-defined]
+            readiness.gate = w.ready_gate  # type: ignore[attr-defined]
+            w.request_stop = request_stop  # type: ignore[attr-defined]
             return w
     return None
 

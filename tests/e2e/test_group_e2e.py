@@ -74,6 +74,13 @@ def _group_json(u: Up, bundle: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
+def _epoch_env(pid: int) -> str | None:
+    """XPU_SERVE_GROUP_EPOCH in the environment of process `pid` (/proc/PID/environ)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    got = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"XPU_SERVE_GROUP_EPOCH=")]
+    return got[0] if got else None
+
+
 def _nothing_left(u: Up) -> None:
     u.wait_for(lambda: not u.our_pids() and not u.our_segments(), 30, "nothing left of the tree")
 
@@ -86,6 +93,9 @@ def test_group_ready_only_with_every_node_and_both_stop_clean(group: tuple[Up, U
     # the follower runs only its headless MainProcess and TP rank 1
     names = {p["name"] for p in fol.state()["processes"]}
     assert "Worker_TP1" in names and "EngineCore" not in names and "Worker_TP0" not in names
+    # every launch carries the group's epoch: state.json and the engine's environment
+    assert head.state()["group_epoch"] == 1 and fol.state()["group_epoch"] == 1
+    assert {_epoch_env(p["pid"]) for u in (head, fol) for p in u.state()["processes"]} == {"1"}
     for u in (fol, head):
         assert u.proc is not None
         u.proc.send_signal(signal.SIGTERM)
@@ -120,6 +130,8 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
     head.wait_state("ready", 2, timeout=90)
     fol.wait_state("ready", 2, timeout=30)
     assert [e for e in fol.events("group") if "joined epoch 2" in e["msg"]]
+    assert head.state()["group_epoch"] == 2 and fol.state()["group_epoch"] == 2
+    assert {_epoch_env(p["pid"]) for u in (head, fol) for p in u.state()["processes"]} == {"2"}
     head_launch2 = [e for e in head.events("launched") if e["incarnation"] == 2][0]["ts"]
     fol_launch2 = [e for e in fol.events("launched") if e["incarnation"] == 2][0]["ts"]
     assert head_launch2 <= fol_launch2
@@ -128,6 +140,25 @@ def test_follower_worker_killed_head_names_node_and_rank_group_restarts(group: t
         assert u.proc is not None
         u.proc.send_signal(signal.SIGTERM)
         assert u.exit_code(60) == 0
+        _nothing_left(u)
+
+
+def test_head_stopped_followers_stop_cleanly_without_an_incident(group: tuple[Up, Up]) -> None:
+    """A planned stop of the head (SIGTERM to its supervisor, what `xpu-serve stop` sends): each
+    follower stops its tree too, says the head stopped, writes no bundle and exits 0."""
+    head, fol = group
+    assert head.proc is not None and fol.proc is not None
+    head.proc.send_signal(signal.SIGTERM)
+    assert head.exit_code(60) == 0
+    assert fol.exit_code(30) == 0
+    said = [e for e in fol.events("group") if "the head stopped (a planned stop" in e["msg"]]
+    assert len(said) == 1 and "node 1 stops its tree, no incident" in said[0]["msg"], fol.events("group")
+    assert fol.events("failed") == [] and fol.events("incident") == []
+    assert fol.events("stopped") and fol.state().get("state") == "stopped"
+    bundles = fol.runtime / "bundles"
+    assert not bundles.exists() or not any(bundles.iterdir())
+    assert head.events("incident") == []
+    for u in (head, fol):
         _nothing_left(u)
 
 
@@ -186,15 +217,46 @@ def test_head_alone_rendezvous_stall_names_the_node_that_never_joined(tmp_path: 
         head.wait_for(lambda: head.events("failed"), 60, "the head's failure")
         failed = head.events("failed")[0]
         assert failed["trigger"] == "rendezvous-stall" and failed["process"] == "node1", failed
-        assert "node 1 never joined epoch 1" in failed["msg"]
+        # it never registered: no address is known for it
+        assert "node 1 never joined epoch 1 (rendezvous stall, 4 s after the launch)" in failed["msg"], failed
         assert head.state().get("state") != "ready"
         inc = _incident(head)
-        # the analysis names the follower's TP rank, the note its node
-        assert inc["cause"] == "startup-hang" and "rank 1 did not reach" in inc["msg"], inc
+        # the verdict names the node that never joined and its TP rank
+        assert inc["cause"] == "startup-hang", inc
+        assert ": node 1 never joined epoch 1 (rendezvous stall, 4 s after the launch); rank 1 did not reach " in inc[
+            "msg"
+        ], inc
         contract = json.loads((Path(inc["bundle"]) / "incident.json").read_text())
         assert any("node 1 never joined epoch 1" in n for n in contract.get("notes", [])), contract
     finally:
         head.kill_all()
+
+
+def test_follower_gone_for_good_the_next_epoch_s_stall_names_its_node_and_address(tmp_path: Path) -> None:
+    """The follower's supervisor and tree SIGKILLed: the head restarts the group (node
+    unreachable), and epoch 2's rendezvous stall names node 1 with the address it registered from."""
+    for d in ("head", "follower"):
+        (tmp_path / d).mkdir()
+    head, fol = _pair(tmp_path)
+    head.cfg["supervision"]["startup"]["stall_s"] = 8
+    head.write_config()
+    try:
+        head.start()
+        fol.start()
+        head.wait_state("ready", 1, timeout=90)
+        fol.kill_all()
+        head.wait_for(lambda: len(head.events("failed")) >= 2, 90, "epoch 2's stall")
+        first, second = head.events("failed")[:2]
+        assert first["trigger"] == "node-unreachable", first
+        assert second["trigger"] == "rendezvous-stall" and second["process"] == "node1", second
+        assert "node 1 (127.0.0.1) never joined epoch 2 (rendezvous stall, 8 s after the launch)" in second["msg"]
+        inc = _incident(head, 1)
+        assert inc["cause"] == "startup-hang", inc
+        assert ": node 1 (127.0.0.1) never joined epoch 2 (rendezvous stall, 8 s after the launch); rank 1 did not " \
+            "reach " in inc["msg"], inc
+    finally:
+        head.kill_all()
+        fol.kill_all()
 
 
 def test_follower_stopped_while_waiting_for_its_head_launches_nothing(tmp_path: Path) -> None:
@@ -266,6 +328,15 @@ def test_follower_worker_killed_under_load_node1_died_first(group: tuple[Up, Up]
     # and on the head's clock (offset from the heartbeats) node 1's rank 1 died first
     group_json = _group_json(head, Path(inc["bundle"]))
     assert (group_json["first_death"]["node_rank"], group_json["first_death"]["rank"]) == (1, 1), group_json
+    # the verdict too: the head's gloo "Read error [127.0.0.1]:PORT: Connection reset by peer" (its
+    # TP rank 0 and EngineCore's re-raise) names the dead node's address: consequences of its death
+    assert inc["cause"] == "process-crash", inc
+    assert "Worker_TP1 (rank 1, pid " in inc["msg"] and "on node 1 was killed by SIGKILL" in inc["msg"], inc
+    contract = json.loads((Path(inc["bundle"]) / "incident.json").read_text())
+    assert (contract["root"]["process"], contract["root"]["rank"]) == ("Worker_TP1", 1), contract["root"]
+    gloo = [c for c in contract["consequences"] if c["signature"] == "gloo-peer-lost"]
+    assert {c["process"] for c in gloo} == {"Worker_TP0", "EngineCore"}, contract["consequences"]
+    assert all("Connection reset by peer" in c["text"] for c in gloo)
     facts_log = (head.runtime / "logs" / "1" / "facts.log").read_text()
     assert "Worker_TP1@node1 (pid " in facts_log and "killed by SIGKILL" in facts_log
     head.wait_state("ready", 2, timeout=90)

@@ -188,12 +188,7 @@ class Parts:
         where = ""
         if t_ev is not None:
             where = f" at {t_ev.time_text}" + (" s after boot" if boot(t_ev) is not None else "")
-        n = sum(c.count for c in inc.consequences)
-        follow = (
-            (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
-            if n
-            else ""
-        )
+        follow = follow_clause(inc)
         c = inc.cause
         label = inc.root_label or c
         signal = next((s for s in (death_signal(e) for e in recs) if s), None)
@@ -237,6 +232,22 @@ def _hang_summary(inc: Incident) -> str:
     at = f" at {h.detected_at}" if h.detected_at else ""
     head = f"{h.stuck_rank.sentence()}; the engine" if h.stuck_rank is not None else "The engine"
     return f"{head} stopped making progress{after}{by or ('; detected' if at else '')}{at}"
+
+
+def follow_clause(inc: Incident) -> str:
+    """"; N lines followed as consequences" (or "; 1 line ..."), "" when none did."""
+    n = sum(c.count for c in inc.consequences)
+    if not n:
+        return ""
+    return f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence"
+
+
+def startup_summary(inc: Incident, why: str = "") -> str:
+    """The start-up stall's sentence (the last phase, the ranks that did not reach the next) with
+    `why` after the phase ("...after phase dist-init: node 1 (10.0.0.2) never joined epoch 1;
+    rank 1 did not reach ..."), and the consequences' count."""
+    head, sep, ranks = _startup_summary(inc).partition("; ")
+    return (f"{head}: {why}" if why else head) + sep + ranks + follow_clause(inc)
 
 
 def _startup_summary(inc: Incident) -> str:

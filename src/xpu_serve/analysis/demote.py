@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from xpu_serve.analysis.deaths import abnormal_death, death_signal, same_proc, signals_in_fields
 from xpu_serve.analysis.rules import DemoteRule, OutrankRule, Rules, Select
-from xpu_serve.analysis.timeorder import before, earliest, order_of, same_second
+from xpu_serve.analysis.timeorder import before, earliest, order_of, same_second, tkey
 from xpu_serve.events import Event
 from xpu_serve.signatures import SignatureTable
 
@@ -41,6 +42,8 @@ def matches(sel: Select, ev: Event, table: SignatureTable, rules: Rules) -> bool
     if sel.abnormal is not None and abnormal_death(ev) != sel.abnormal:
         return False
     if sel.relay is not None and bool(rules.relay.search(ev.text)) != sel.relay:
+        return False
+    if sel.remote is not None and (ev.extra.get("node_rank") is not None) != sel.remote:
         return False
     if sel.signals:
         got = signals_in_fields(ev, sel.signal_fields) if sel.signal_fields else {death_signal(ev)}
@@ -95,6 +98,9 @@ def apply_demote(rule: DemoteRule, c: Candidates, table: SignatureTable, rules: 
         return (lambda e: matches(s, e, table, rules)) if s is not None else (lambda e: False)
 
     target, same = sel(rule.demote), sel(rule.same_second)
+    if rule.same_peer:
+        _demote_same_peer(rule, c, sel)
+        return
     a: Event | None = None
     if rule.kind == "whenever-seen":
         if not rule.seen & c.seen:
@@ -108,6 +114,55 @@ def apply_demote(rule: DemoteRule, c: Candidates, table: SignatureTable, rules: 
         hit = target(e) and (a is None or _follows(rule, a, e, same))
         (c.demoted if hit else keep).append(e)
     c.keep = keep
+
+
+def peer_address(value: object) -> str | None:
+    """An IP as one spelling: without brackets, an IPv4-mapped IPv6 address as its IPv4
+    ("[::ffff:10.0.0.2]" -> "10.0.0.2"), lower case; None when `value` is not a non-empty str."""
+    if not isinstance(value, str) or not value.strip("[] "):
+        return None
+    v = value.strip("[] ").lower()
+    return v[7:] if v.startswith("::ffff:") and "." in v else v
+
+
+def _demote_same_peer(rule: DemoteRule, c: Candidates, sel: Callable[[Select | None], Test]) -> None:
+    """`same_peer` rules: a candidate naming a peer (`peer_addr`) follows the earliest anchor
+    whose node is at that address (`node_address`), or precedes it by at most `window_s`; then
+    the `after_link` candidates stamped at or after the first linked one. Others are kept."""
+    anchor, target, same = sel(rule.anchor), sel(rule.demote), sel(rule.same_second)
+    by_addr: dict[str, list[Event]] = {}
+    for e in c.keep:
+        addr = peer_address(e.extra.get("node_address"))
+        if addr is not None and anchor(e):
+            by_addr.setdefault(addr, []).append(e)
+    if not by_addr:
+        return
+    keep: list[Event] = []
+    linked: list[Event] = []
+    for e in c.keep:
+        a = earliest(by_addr.get(peer_address(e.extra.get("peer_addr")) or "", []))
+        hit = a is not None and target(e) and (_follows(rule, a, e, same) or _within(a, e, rule.window_s))
+        (linked if hit else keep).append(e)
+    first, then = earliest(linked), sel(rule.after_link)
+    if first is not None:
+        after = [e for e in keep if then(e) and (before(first, e) or same_second(first, e))]
+        keep = [e for e in keep if e not in after]
+        linked.extend(after)
+    c.demoted.extend(linked)
+    c.keep = keep
+
+
+def _within(a: Event, e: Event, window_s: float) -> bool:
+    """`e` stamped at most `window_s` seconds before `a`, from the start of `e`'s second (vLLM's
+    stamp is truncated to it and has no year: the time keys are compared, `timeorder.tkey`)."""
+    ka, ke = tkey(a), tkey(e)
+    if not window_s or ka is None or ke is None:
+        return False
+    try:
+        ta, te = datetime(2000, *ka), datetime(2000, *ke[:5])  # (a leap year: any Feb 29 stamp)
+    except ValueError:
+        return False
+    return 0.0 <= (ta - te).total_seconds() <= window_s
 
 
 def apply_outrank(

@@ -23,6 +23,13 @@ Document shape (one mapping):
     `same_second` (a selector, plus `relay: false`: not a relayed error) also those in its second,
     unless read before a shell's report of the anchor in the same file (printed after the death);
   `other_process: true` keeps candidates of the anchor's own process;
+  `same_peer: true` demotes only candidates naming a peer's address (the row's `peer_addr`
+  group) that is the address of an anchor's node (`node_address`: a death another node of the
+  group reported, group/watcher.py), each against the earliest anchor of its own address; with
+  `window_s` also those stamped up to that many seconds before the anchor (the anchor's time is
+  another host's, on this clock through an estimated offset, and its exit latency); `after_link`
+  (a selector) demotes too the candidates stamped at or after the first candidate so linked (this
+  node's deaths that followed the lost link);
 - outrank: [rule] - name, why, `root` and `by` selectors, `note`: a root matching `root` is
   replaced by the earliest candidate matching `by`; the note is added when the final root has a
   cause of `by` and a candidate matches `root`.
@@ -30,7 +37,8 @@ Document shape (one mapping):
 A selector (all given fields must hold): signatures, except (signature ids), causes, not_causes,
 sources, not_sources, signals (the death signal the record names: `analysis.deaths.death_signal`,
 or only from `signal_fields` of the record's groups when given: signame, exit_code),
-launcher_report (the row's flag), abnormal (a death that explains what follows it).
+launcher_report (the row's flag), abnormal (a death that explains what follows it), remote (a
+record another node of the group reported: it carries `node_rank`).
 
 Loading raises RulesError naming the file, the rule and the field; ids are checked against the
 signature table.
@@ -87,6 +95,7 @@ _SELECT_KEYS = frozenset(
         "launcher_report",
         "abnormal",
         "relay",
+        "remote",
     }
 )
 
@@ -110,6 +119,7 @@ class Select:
     launcher_report: bool | None = None
     abnormal: bool | None = None
     relay: bool | None = None
+    remote: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,9 @@ class DemoteRule:
     seen: frozenset[str] = frozenset()
     same_second: Select | None = None
     other_process: bool = False
+    same_peer: bool = False
+    window_s: float = 0.0
+    after_link: Select | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,7 @@ def parse_select(d: Any, where: str, table: SignatureTable) -> Select:
         launcher_report=_flag(d.get("launcher_report"), f"{where}.launcher_report"),
         abnormal=_flag(d.get("abnormal"), f"{where}.abnormal"),
         relay=_flag(d.get("relay"), f"{where}.relay"),
+        remote=_flag(d.get("remote"), f"{where}.remote"),
     )
 
 
@@ -211,7 +225,13 @@ def _parse_demote(d: Any, where: str, table: SignatureTable) -> DemoteRule:
         raise RulesError(f"{where}: kind whenever-seen needs `seen`")
     if kind != "whenever-seen" and "anchor" not in d:
         raise RulesError(f"{where}: kind {kind} needs an `anchor`")
-    same = d.get("same_second")
+    if d.get("same_peer") and kind not in ("at-or-after", "after"):
+        raise RulesError(f"{where}.same_peer: only for kinds at-or-after and after")
+    same, link, window = d.get("same_second"), d.get("after_link"), d.get("window_s", 0.0)
+    if (link is not None or window) and not d.get("same_peer"):
+        raise RulesError(f"{where}: window_s and after_link need same_peer: true")
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 60:
+        raise RulesError(f"{where}.window_s: expected seconds between 0 and 60")
     return DemoteRule(
         name=d["name"],
         why=str(d.get("why") or ""),
@@ -221,6 +241,9 @@ def _parse_demote(d: Any, where: str, table: SignatureTable) -> DemoteRule:
         seen=seen,
         same_second=parse_select(same, f"{where}.same_second", table) if same is not None else None,
         other_process=bool(_flag(d.get("other_process"), f"{where}.other_process")),
+        same_peer=bool(_flag(d.get("same_peer"), f"{where}.same_peer")),
+        window_s=float(window),
+        after_link=parse_select(link, f"{where}.after_link", table) if link is not None else None,
     )
 
 

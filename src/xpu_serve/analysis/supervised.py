@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from xpu_serve.analysis.contract import startup_summary
 from xpu_serve.analysis.deaths import death_signal
 from xpu_serve.analysis.incident import Incident, Root
 from xpu_serve.events import Event
@@ -73,6 +74,8 @@ def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
         inc.notes.append(timing)
     if trig.kind == "rendezvous-stall":
         inc.notes.append(trig.detail)  # the node whose ranks the stall waits for
+        if inc.cause == "startup-hang":  # the verdict names the node too, not only its ranks
+            inc.summary = startup_summary(inc, trig.detail)
     if trig.kind in LOST_NODE_TRIGGERS and inc.cause in (None, "", "unknown", "startup-hang", "engine-hang"):
         # a group's node lost with no death seen is its own cause (a follower's log never shows
         # the API server's ready lines: a stall read from it would be the head's silence)

@@ -128,6 +128,8 @@ class GroupHead:
         self.on_incident, self.admit, self.info = on_incident, admit, info
         self._epoch = epoch
         self._previous: dict[int, Member] = {}  # the last epoch's members: their late incidents count
+        self.addresses: dict[int, str] = {}  # node rank -> the address of its last registration (any epoch)
+        self.heard: dict[int, float] = {}  # node rank -> head's Unix time its last message was handled
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -165,8 +167,24 @@ class GroupHead:
             self.server.server_close()
             self.server = None
 
+    def members_of_failed_epoch(self, epoch: int) -> list[int]:
+        """Node ranks of the followers registered in `epoch` (the current one, or the one that
+        just ended when the head has opened the next)."""
+        with self._lock:
+            if epoch == self._epoch:
+                return [m.node_rank for m in self.membership.members()]
+            return sorted(self._previous) if epoch == self._epoch - 1 else []
+
     def handle(self, kind: str, msg: _Msg, address: str) -> tuple[int, dict[str, Any]]:
-        """One authenticated message -> (HTTP status, answer body without `head_time`)."""
+        """One authenticated message -> (HTTP status, answer body without `head_time`); the
+        time it was handled (refused or not) is `heard[node_rank]`."""
+        try:
+            return self._handle(kind, msg, address)
+        finally:
+            if isinstance(msg, (Register, Heartbeat, Incident)):
+                self.heard[msg.node_rank] = self.wall()
+
+    def _handle(self, kind: str, msg: _Msg, address: str) -> tuple[int, dict[str, Any]]:
         refused = self.admit(kind) if self.admit is not None else None
         if refused is not None:
             return 409, {"error": refused}
@@ -178,6 +196,7 @@ class GroupHead:
                 if msg.epoch is not None and msg.epoch != epoch:
                     return 409, {"error": f"epoch {msg.epoch} is not the group's: it runs epoch {epoch}"}
                 self.membership.register(msg.node_rank, msg.pid, epoch, address, self.wall())
+                self.addresses[msg.node_rank] = address
                 return 200, {}
             assert isinstance(msg, (Heartbeat, Incident))
             late = self._previous.get(msg.node_rank) if isinstance(msg, Incident) and msg.epoch == epoch - 1 else None

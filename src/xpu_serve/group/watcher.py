@@ -8,12 +8,14 @@ Head (node rank 0): serves the group channel (`channel.GroupHead`) on `group.lis
 of the supervisor; fails its incarnation when a follower reports a death (`node-death`, within
 the channel's round trip), when a registered follower is not heard from for `peer_timeout_s`
 (`node-unreachable`) or when a follower has not joined `supervision.startup.stall_s` after the
-launch (`rendezvous-stall`, naming the node). Any failure of the head's incarnation starts the
+launch (`rendezvous-stall`, naming the node and the address it last registered from, if it ever did). Any failure of the head's incarnation starts the
 next epoch at once: every follower's next heartbeat is refused with the new epoch named, which
 tells it to capture and stop (a group restart).
 
 Follower: registers before each launch, heartbeats every `heartbeat_interval_s` with its state
-and incarnation, reports its own incarnation's trigger to the head as an incident the moment it
+and incarnation, stops (`request_stop`: a planned stop, exit 0, no incident) when the head's
+answer says it is stopping for good (its `xpu-serve stop` or SIGTERM; the head waits a heartbeat
+period for its followers to hear it, `before_exit`), reports its own incarnation's trigger to the head as an incident the moment it
 fires, fails its incarnation (`group-restart`) when the head names a newer epoch and
 (`head-lost`) when the head has not answered for `peer_timeout_s` (no stranded followers).
 
@@ -42,6 +44,8 @@ from xpu_serve.incarnation import IncarnationContext, Status, Trigger
 
 POLL_S = 0.2
 """The head's membership check period, seconds (a death report fails the incarnation at once)."""
+REPORT_SLACK_S = 0.3
+"""How much longer than a heartbeat period the head's capture waits for its followers' word, s."""
 GROUP_TRIGGERS = ("node-death", "node-unreachable", "rendezvous-stall", "group-restart", "head-lost")
 """Trigger kinds of the group (`Trigger.kind`)."""
 
@@ -62,6 +66,9 @@ class GroupWatcher:
         self.follower: GroupFollower | None = None
         self.state = "starting"
         self.incarnation = 0
+        self.stopping = False  # this supervisor is stopping for good (a stop or gave-up)
+        self._stopping_since: float | None = None
+        self.request_stop: Callable[[], None] | None = None  # the supervisor's stop (a follower's head stopped)
         self.head_state: str | None = None
         self._launched_epoch: int | None = None
         self._ctx: IncarnationContext | None = None
@@ -71,7 +78,7 @@ class GroupWatcher:
                 self.g.nnodes,
                 on_incident=self._on_remote_incident,
                 admit=self._admit,
-                info=lambda: {"state": self.state},
+                info=lambda: {"state": self.state, "stopping": self.stopping},
             )
 
     @property
@@ -82,6 +89,20 @@ class GroupWatcher:
 
     def on_state(self, status: Status) -> None:
         self.state, self.incarnation = status.state, status.incarnation
+        if status.shutting_down and not self.stopping:
+            self.stopping, self._stopping_since = True, time.time()
+
+    async def before_exit(self) -> None:
+        """Head, before its supervisor exits after a stop: until every follower of the epoch has
+        been answered since the stop began (its answers carry `stopping: true`, and a follower
+        then stops its own tree: a planned stop, no incident), at most one heartbeat period plus
+        `REPORT_SLACK_S`. Follower: nothing."""
+        if self.head is None or self._stopping_since is None:
+            return
+        since, ranks = self._stopping_since, self.head.members_of_failed_epoch(self.head.epoch)
+        end = time.monotonic() + self.g.heartbeat_interval_s + REPORT_SLACK_S
+        while time.monotonic() < end and not all(self.head.heard.get(r, 0.0) >= since for r in ranks):
+            await asyncio.sleep(0.02)
 
     def on_incident(self, incident: dict[str, Any], bundle_path: str | None) -> None:
         if self.head is not None and bundle_path:
@@ -113,6 +134,23 @@ class GroupWatcher:
                     last = str(e)
             await asyncio.sleep(self.g.heartbeat_interval_s)
         return "group follower: stopped while waiting for the head"
+
+    async def settle_reports(self, ctx: IncarnationContext) -> None:
+        """Head, before its capture's verdict: until every follower of the failed epoch has been
+        heard from since the failure (a follower whose tree died reports it at once; a healthy
+        one heartbeats), at most one heartbeat period plus `REPORT_SLACK_S`. A follower's death
+        that caused the head's own failure is then on the verdict's timeline (its exit reaches
+        the head a few ms after the head's own collective failed)."""
+        if self.head is None or self._launched_epoch is None:
+            return
+        trig = getattr(ctx, "trigger", None)
+        since = trig.at if trig is not None else time.time()
+        ranks = self.head.members_of_failed_epoch(self._launched_epoch)
+        end = time.monotonic() + min(self.g.heartbeat_interval_s + REPORT_SLACK_S, self.g.peer_timeout_s)
+        while time.monotonic() < end:
+            if all(self.head.heard.get(r, 0.0) >= since for r in ranks):
+                return
+            await asyncio.sleep(0.02)
 
     async def ready_gate(self, ctx: IncarnationContext) -> None:
         """Head: until every follower has joined this epoch. Follower: until the head is ready."""
@@ -177,21 +215,25 @@ class GroupWatcher:
                 )
             missing = head.membership.missing()
             if missing and ctx.ready_at is None and now - ctx.started_at > stall_s:
+                nodes = ", ".join(
+                    f"{r} ({head.addresses[r]})" if r in head.addresses else str(r) for r in missing
+                )
                 ctx.fail(
                     Trigger(
                         kind="rendezvous-stall",
                         at=now,
                         process=f"node{missing[0]}",
-                        detail=f"rendezvous stall: node {', '.join(map(str, missing))} never joined "
-                        f"epoch {head.epoch} ({stall_s:g} s after the launch)",
+                        detail=f"node{'s' if len(missing) > 1 else ''} {nodes} never joined epoch {head.epoch} "
+                        f"(rendezvous stall, {stall_s:g} s after the launch)",
                     )
                 )
             await asyncio.sleep(POLL_S)
 
     def _on_remote_incident(self, rec: ReceivedIncident) -> None:
         """A follower's death report (the channel's thread): its process exit goes into the head's
-        analysis as a fact on the head's clock (one timeline: the first death of the group is the
-        root, the head's gloo "Connection reset by peer" after it a consequence), and the head's
+        analysis as a fact on the head's clock with the node's rank and address (`node_rank`,
+        `node_address`: one timeline, the first death of the group is the root, the head's gloo
+        "Connection reset by peer [IP]" at or after it a consequence), and the head's
         incarnation fails (unless it already did: the report still counts while capturing)."""
         ctx, inc = self._ctx, rec.incident
         if ctx is None or inc.cause in GROUP_TRIGGERS or inc.epoch != self._launched_epoch:
@@ -201,7 +243,7 @@ class GroupWatcher:
         if inc.process and inc.pid is not None:
             name = f"{inc.process}@node{inc.node_rank}"  # the node in every line of the verdict
             ev = facts.process_exit(name, inc.pid, inc.rank, inc.exit_code, inc.signal, at)
-            ev.extra["node_rank"] = inc.node_rank
+            ev.extra.update(node_rank=inc.node_rank, node_address=rec.address)  # (data/rules.yaml same_peer)
             ctx.record(ev)
         ctx.fail(
             Trigger(
@@ -253,6 +295,10 @@ class GroupWatcher:
         try:
             answer = await fol.heartbeat(self.state, self.incarnation)
             self.head_state = answer.get("state") if isinstance(answer.get("state"), str) else None
+            if answer.get("stopping") is True and not self.stopping and self.request_stop is not None:
+                self.warn(f"the head stopped (a planned stop, its state {self.head_state}): node "
+                          f"{self.node_rank} stops its tree, no incident")
+                self.request_stop()
         except ChannelError as e:
             if e.status == 409 and e.epoch is not None and e.epoch != fol.epoch:
                 ctx.fail(
@@ -292,7 +338,7 @@ def write_node_folders(bundle: Path, head: GroupHead, contract: dict[str, Any], 
     """`BUNDLE/nodes/`: `node0/summary.json` (the head's verdict: cause, summary), one
     `node<R>/incident.json` per follower that reported (its message, its clock and the head's,
     the clock offset) and `group.json`: the deaths of every node on the head's clock, the first
-    one named (`first_death`); incidents of `epoch` (the failed one) only. Returns the folder.
+    one named (`first_death`: the verdict's root when it is one of them); incidents of `epoch` (the failed one) only. Returns the folder.
     Raises OSError."""
     out = bundle / "nodes"
     (out / "node0").mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -326,19 +372,29 @@ def write_node_folders(bundle: Path, head: GroupHead, contract: dict[str, Any], 
                 "node_rank": inc.node_rank,
                 "rank": inc.rank,
                 "process": inc.process,
+                "pid": inc.pid,
                 "time": rec.head_time if rec.head_time is not None else rec.received_at,
             }
         )
     trig = (contract.get("supervisor") or {}).get("trigger") or {}
     if trig and trig.get("kind") not in GROUP_TRIGGERS:
         deaths.append(
-            {"node_rank": 0, "rank": trig.get("rank"), "process": trig.get("process"), "time": trig.get("at")}
+            {"node_rank": 0, "rank": trig.get("rank"), "process": trig.get("process"), "pid": trig.get("pid"),
+             "time": trig.get("at")}
         )
     deaths.sort(key=lambda d: d["time"] if isinstance(d["time"], (int, float)) else float("inf"))
-    _dump(
-        out / "group.json", {"epoch": epoch, "deaths": deaths, "first_death": deaths[0] if deaths else None}
-    )
+    _dump(out / "group.json", {"epoch": epoch, "deaths": deaths, "first_death": _first_death(deaths, contract)})
     return out
+
+
+def _first_death(deaths: list[dict[str, Any]], contract: dict[str, Any]) -> dict[str, Any] | None:
+    """The death the verdict names as its root (process, rank and pid), else the earliest on the
+    head's clock: the verdict also weighs the causal links (a gloo error naming the dead node)
+    that order deaths a few ms apart better than two hosts' exit times do."""
+    root = contract.get("root") or {}
+    key = (root.get("process"), root.get("rank"), root.get("pid"))
+    named = [d for d in deaths if (d["process"], d["rank"], d["pid"]) == key]
+    return named[0] if named else (deaths[0] if deaths else None)
 
 
 def _dump(path: Path, data: Any) -> None:

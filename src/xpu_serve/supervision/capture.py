@@ -3,7 +3,7 @@ killed, its bundle finished once the tree is stopped.
 
 Before the stop (`run`): settle (a living tree's last lines, up to 1 s; none after a process
 exit, whose last lines are in the pipe), flush (the log pump's queued lines), the kernel
-watcher's settle for its record of a fault, analyse (`diagnosis.Analyzer`: the analysis alone
+watcher's settle for its record of a fault, other hosts' reports (a group's head), analyse (`diagnosis.Analyzer`: the analysis alone
 names the root, completed with the trigger it was fed as a fact: analysis/supervised.py), and
 the bundle's first step (`bundle.IncidentBundle.begin`: verdict files, /proc facts, stacks, the
 kernel window); its collectors then run in a thread while the tree is stopped. After the stop
@@ -103,6 +103,7 @@ class Capture:
             await asyncio.to_thread(ctx.pump.flush, 2.0)
             self._drain()
         await self._settle_kernel(ctx)
+        await self._settle_reports(ctx)
         self._prove(ctx)
         got = self._verdict(ctx, trig, restarts)
         got.job = await asyncio.to_thread(self._begin_bundle, ctx, trig, got)
@@ -281,6 +282,17 @@ class Capture:
                     await fn(ctx, died)
                 except Exception as ex:
                     self.log.emit("warning", f"kernel settle: {type(ex).__name__}: {ex}")
+
+    async def _settle_reports(self, ctx: Incarnation) -> None:
+        """Watchers whose evidence arrives from other hosts (`settle_reports(ctx)`: a group's head
+        waits briefly for its followers' word, group/watcher.py) get it before the verdict."""
+        for w in self.watchers:
+            fn = getattr(w, "settle_reports", None)
+            if callable(fn):
+                try:
+                    await fn(ctx)
+                except Exception as ex:
+                    self.log.emit("warning", f"reports settle: {type(ex).__name__}: {ex}")
 
     def _pending_marker(self, ctx: Incarnation, restarts: int) -> dict[str, Any]:
         """What the next `up` needs to write this incident's bundle after a kill -9 (`recovery`)."""

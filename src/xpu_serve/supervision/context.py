@@ -27,7 +27,8 @@ class Incarnation:
     Extra attributes for the bundle writer: `log_dir` (RUNTIME/logs/N), `run_id`, `pgid`,
     `trigger` (the first failure), `analyzer`, `argv`, `env` (the overrides we set),
     `restarts`, `stop` (StopReport once stopped), `facts` (the facts log, `FactLog`). `exited`: pid -> time of death (epoch s) of
-    the watched processes whose exit was reported. `failed`: set once `trigger` is.
+    the watched processes whose exit was reported. `failed`: set once `trigger` is. `group_epoch`:
+    the multi-node group's epoch this incarnation launched in (None without a group).
     """
 
     incarnation: int
@@ -53,6 +54,7 @@ class Incarnation:
     exited: dict[int, float] = field(default_factory=dict)
     facts: FactLog | None = None
     failed: asyncio.Event = field(default_factory=asyncio.Event)
+    group_epoch: int | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: int | None = None
 

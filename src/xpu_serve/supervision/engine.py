@@ -33,6 +33,9 @@ from xpu_serve.supervision.context import Incarnation
 from xpu_serve.supervision.eventlog import EventLog
 from xpu_serve.vllm_command import render
 
+GROUP_EPOCH_VAR = "XPU_SERVE_GROUP_EPOCH"
+"""The engine's environment variable holding its multi-node group's epoch (group/watcher.py)."""
+
 # uvicorn access lines of these paths (status < 400) are not echoed (xpu_serve.sources.log_pump)
 ECHO_QUIET_PATHS = ("/health", "/metrics", "/v1/models")
 REAP_INTERVAL_S = 0.5  # PID 1: how often re-parented zombies of the engine sessions are reaped
@@ -157,6 +160,8 @@ class Engine:
                 "PYTHONUNBUFFERED": overrides.get("PYTHONUNBUFFERED", "1"),
             }
         )
+        if ctx.group_epoch is not None:  # the multi-node group's epoch of this launch
+            overrides[GROUP_EPOCH_VAR] = str(ctx.group_epoch)
         ctx.argv, ctx.env = rendered.argv, overrides
         self.redactor.add(secrets_in_env(rendered.env) + secrets_in_argv(rendered.argv))
         ctx.shm_before = cleanup.snapshot_segments()

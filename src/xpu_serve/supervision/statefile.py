@@ -118,6 +118,7 @@ def state_data(
         kernel_watch=kernel_watch_status(kernel, config),
         **fields,
     )
+    data["group_epoch"] = ctx.group_epoch if ctx is not None else None  # (the launch's, group/watcher.py)
     if ctx is not None:  # ProcessInfo cannot say "exited, status unknown": add exited_at
         data["processes"] = [dict(vars(p), exited_at=ctx.exited.get(p.pid)) for p in ctx.processes.values()]
     return data
