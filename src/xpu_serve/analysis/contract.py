@@ -18,6 +18,7 @@ from xpu_serve.analysis.incident import (
     RootEvidence,
     TimelineItem,
 )
+from xpu_serve.analysis.occurrence import named_bursts, one_event, unnamed_of_named
 from xpu_serve.analysis.store import EvidenceStore
 from xpu_serve.analysis.subject import Subjects
 from xpu_serve.analysis.timeorder import boot, cmp_time
@@ -53,11 +54,14 @@ class Parts:
     def consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
     ) -> list[Group]:
-        """What followed the root, counted per (signature, process, rank) in time order: the
-        store's consequence groups, the root candidates that lost and the demoted ones (not the
-        root, not `skip`: the root's own evidence)."""
+        """What followed the root, counted as events (analysis/occurrence.py) per (signature,
+        process, rank) in time order: the store's consequence groups, the root candidates that
+        lost and the demoted ones (not the root, not `skip`: the root's own evidence; not a teardown
+        burst's unprefixed lines when its ranks are named: `occurrence.unnamed_of_named`). A root row's
+        lines beyond the first MAX_PER_SIGNATURE kept count one event each."""
+        named = named_bursts(self.st.groups.values())
         groups: dict[tuple[str, str | None, int | None], Group] = {
-            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.st.groups.items()
+            k: g.copy() for k, g in self.st.groups.items() if not unnamed_of_named(g, named)
         }
         # root candidates that lost are consequences of the root
         seen_ids = set()
@@ -84,9 +88,11 @@ class Parts:
         key = (sid, proc, rank)
         g = groups.get(key)
         if g is None:
-            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1)
-        else:
+            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1, ev)
+            return
+        if g.last is None or not one_event(g.last, ev):
             g.count += 1
+        g.last = ev
 
     def timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
@@ -171,7 +177,7 @@ class Parts:
     def summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
         """One plain sentence without a final period (callers append "; bundle ..."): who (process,
         rank, pid), what happened (the signal it was killed by, from the root or its evidence),
-        when, and how many lines followed as consequences."""
+        when, and how many consequence events followed (analysis/occurrence.py)."""
         r = inc.root
         recs = [e for e in [root, *(evidence or [])] if e is not None]
         parts = [
@@ -190,7 +196,7 @@ class Parts:
             where = f" at {t_ev.time_text}" + (" s after boot" if boot(t_ev) is not None else "")
         n = sum(c.count for c in inc.consequences)
         follow = (
-            (f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence")
+            (f"; {n} events followed as consequences" if n > 1 else "; 1 event followed as a consequence")
             if n
             else ""
         )
