@@ -216,7 +216,8 @@ def _consequence_lines(inc: Incident, width: int, files: PathMap | None) -> list
 
 
 def _timeline_lines(inc: Incident, width: int) -> list[str]:
-    """TIMELINE: up to 15 rows "MARK TIME WHO TEXT" (">>" the root, " +" its evidence)."""
+    """TIMELINE: up to 15 rows "MARK TIME WHO TEXT" (">>" the root, " +" its evidence), TIME in
+    one format for every source (`TimelineItem.normalized_time`, analysis/clock.py)."""
     if not inc.timeline:
         return []
     out = ["", "TIMELINE:"]
@@ -229,7 +230,8 @@ def _timeline_lines(inc: Incident, width: int) -> list[str]:
         elif t.rank is not None and not who.endswith(str(t.rank)):
             who = f"{who}/r{t.rank}"
         mark = {"root": ">>", "evidence": " +"}.get(str(t.role), "  ")
-        out.append(f" {mark} {t.time or '-':>19}  {_cut(who, 14):<14} {_cut(t.text or '', width - 42)}")
+        when = t.normalized_time or t.time or "-"
+        out.append(f" {mark} {when:>23}  {_cut(who, 14):<14} {_cut(t.text or '', width - 46)}")
     return out
 
 

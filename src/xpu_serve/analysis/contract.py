@@ -171,7 +171,17 @@ class Parts:
         else:
             role = ev.role if ev.role != "root" else "consequence"
         return TimelineItem(
-            ev.time_text, contract_source(ev), proc, rank, pid, role, ev.signature, ev.file, ev.line, ev.text.strip()[:300]
+            ev.time_text,
+            contract_source(ev),
+            proc,
+            rank,
+            pid,
+            role,
+            ev.signature,
+            ev.file,
+            ev.line,
+            ev.text.strip()[:300],
+            self.st.clock.show(ev),
         )
 
     def summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:

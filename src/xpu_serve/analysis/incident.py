@@ -69,7 +69,10 @@ class Consequence:
 @dataclass(frozen=True, slots=True)
 class TimelineItem:
     """One key event in causal order; `role` is root, evidence, precursor, progress, milestone,
-    consequence...; `text` is cut to 300 characters."""
+    consequence...; `text` is cut to 300 characters; `time` is the stamp as the log shows it,
+    `normalized_time` the same instant in one format for every source (analysis/clock.py:
+    "2026-03-26 10:12:46", "03-26 10:12:46" when the input has no year, "551.424205 s after
+    boot" when no record anchors the kernel's clock), None for both on an unstamped line."""
 
     time: str | None
     source: str
@@ -81,6 +84,7 @@ class TimelineItem:
     file: str | None
     line: int | None
     text: str
+    normalized_time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

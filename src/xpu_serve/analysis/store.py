@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from xpu_serve.analysis.clock import Clock
 from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
 from xpu_serve.analysis.incident import Group
 from xpu_serve.analysis.kernel_owner import KernelOwners
@@ -50,6 +51,7 @@ class EvidenceStore:
         self.precursor_counts: dict[str, int] = {}
         self.groups: dict[tuple[str, str | None, int | None], Group] = {}
         self._teardown = TeardownRuns()  # open collective teardown runs (analysis/occurrence.py)
+        self.clock = Clock()  # the input's year and boot time, for people's times (analysis/clock.py)
         self.milestones: dict[str, dict[str, Any]] = {}
         self.ready = False
         # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
