@@ -96,3 +96,23 @@ def test_year_across_new_year() -> None:
     clock.see(parse_line("Mar 26 10:12:47 b60 kernel: [99999999999.000000] xe 0000:0e:00.0: reset"))
     huge = parse_line("[999999999999.000000] xe 0000:0e:00.0: [drm] Tile0: GT0: Engine reset: engine_class=bcs")
     assert clock.show(huge) == "999999999999.000000 s after boot"
+
+
+def test_time_column_fits_the_widest_time() -> None:
+    """A kernel uptime wider than a date ("19277.975559 s after boot") widens the time column for
+    every row: the process column stays aligned."""
+    case = Path(__file__).resolve().parent / "fixtures" / "reports" / "amdgpu-mmhub-page-fault-rocm-memory-access-fault"
+    rows = timeline_rows(*sorted(case.glob("*.log")))
+    assert rows[0].startswith(" >> 19277.975559 s after boot  kernel ")
+    who = len(" >> 19277.975559 s after boot  ")  # where the process column starts on every row
+    assert all(r[who - 2 : who] == "  " and r[who] != " " for r in rows), rows
+    assert any(r[:who].strip() == "-" for r in rows)  # the unstamped line too
+
+
+def test_undated_lines_keep_their_place() -> None:
+    """qwen3-30b-worker0-died: the unprefixed, unstamped oneCCL lines ("write: error: ...",
+    "terminate called ...") stay between the stamped lines they were printed among."""
+    got = run_case(CASES / "qwen3-30b-worker0-died")
+    after = [t for t in got["timeline"] if t["role"] not in ("root", "precursor", "progress")]
+    undated = [t["line"] for t in after if t["time"] is None]
+    assert undated and [t["line"] for t in after] == sorted(t["line"] for t in after), after

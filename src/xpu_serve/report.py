@@ -221,7 +221,10 @@ def _timeline_lines(inc: Incident, width: int) -> list[str]:
     if not inc.timeline:
         return []
     out = ["", "TIMELINE:"]
-    for t in inc.timeline[:15]:
+    rows = inc.timeline[:15]
+    # one column for the times: "2026-03-26 10:12:46.123" (23), wider for long kernel uptimes
+    col = min(max([23, *(len(t.normalized_time or t.time or "-") for t in rows)]), 30)
+    for t in rows:
         who = t.process or ""
         if not who and t.rank is not None:
             who = f"rank {t.rank}"
@@ -230,8 +233,8 @@ def _timeline_lines(inc: Incident, width: int) -> list[str]:
         elif t.rank is not None and not who.endswith(str(t.rank)):
             who = f"{who}/r{t.rank}"
         mark = {"root": ">>", "evidence": " +"}.get(str(t.role), "  ")
-        when = t.normalized_time or t.time or "-"
-        out.append(f" {mark} {when:>23}  {_cut(who, 14):<14} {_cut(t.text or '', width - 46)}")
+        when = _cut(t.normalized_time or t.time or "-", col)
+        out.append(f" {mark} {when:>{col}}  {_cut(who, 14):<14} {_cut(t.text or '', width - col - 23)}")
     return out
 
 
