@@ -81,6 +81,9 @@ def test_kernel_seconds_converted_when_a_record_has_both_clocks(tmp_path: Path) 
     assert (root["time"], root["normalized_time"]) == ("551.424205", "2026-03-26 10:12:45.587")
     resets = {t["normalized_time"] for t in got["timeline"] if t["signature"] == "xe-engine-reset-copy"}
     assert "2026-03-26 10:12:48.165" in resets  # [554.001852]
+    # the converted kernel records take their place among vLLM's lines by that time
+    shown = [t["normalized_time"] for t in got["timeline"] if t["normalized_time"]]
+    assert shown == sorted(shown) and "2026-03-26 10:12:54" in shown, shown
 
 
 def test_year_across_new_year() -> None:

@@ -102,7 +102,7 @@ class Parts:
         else input order)."""
         evidence = {id(e) for e in evidence_events or []}
         items = self._timeline_events(root, evidence_events or [])
-        items.sort(key=cmp_to_key(cmp_time))
+        items.sort(key=cmp_to_key(self._cmp_shown))
         # warning signs and progress logged after the root (a stats line printed after a worker
         # died) are shown after it, in time order
         before = [
@@ -120,6 +120,18 @@ class Parts:
             after = after[: room - len(before)]
         items = before + ([root] if root is not None else []) + after
         return [self._timeline_item(ev, root, evidence) for ev in items]
+
+    def _cmp_shown(self, a: Event, b: Event) -> int:
+        """`cmp_time`, except that a kernel record stamped only in seconds since boot compares
+        with a local wall-clock stamp by its converted time when a record anchors the kernel's
+        clock (analysis/clock.py), as the timeline shows it."""
+        aware = any(e.time is not None and e.time.tzinfo is not None for e in (a, b))  # UTC facts
+        if aware or (boot(a) is None) == (boot(b) is None):
+            return cmp_time(a, b)
+        wa, wb = self.st.clock.wall(a), self.st.clock.wall(b)
+        if wa is None or wb is None or wa == wb:
+            return cmp_time(a, b)
+        return -1 if wa < wb else 1
 
     def _timeline_events(self, root: Event | None, evidence_events: list[Event]) -> list[Event]:
         """The candidates of the timeline, each once: the root, its evidence, the first and last
