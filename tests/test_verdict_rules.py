@@ -155,7 +155,10 @@ def test_contract_edge_turns_typed_parts_into_the_documented_json() -> None:
         "file",
         "line",
         "text",
+        "normalized_time",
     }
+    # the stamp as the log shows it, and the same instant in the one format for people
+    assert (d["timeline"][0]["time"], d["timeline"][0]["normalized_time"]) == ("03-26 04:15:27", "2026-03-26 04:15:27")
     assert d == json.loads(json.dumps(d))
     assert sum(c["count"] for c in d["consequences"]) == sum(c.count for c in inc.consequences)
     # evidence appears once looked for, even when none was found; a hang's optional facts only when known

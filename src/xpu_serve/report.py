@@ -1,6 +1,6 @@
 """People's one-screen text for an Incident (what `xpu-serve diagnose` prints without --json,
 and the bundle's summary.md): verdict, root cause with file:line evidence, consequences grouped
-and counted ("oneCCL KVS broken pipe x3 on ranks 1-3"), a short timeline, what to do next, and
+and counted as events ("oneCCL teardown (Broken pipe) on ranks 1-3 (3 events)"), a short timeline, what to do next, and
 what could not be settled. Plain text: it must read the same when piped or in a file.
 """
 
@@ -85,7 +85,7 @@ def _where(d: Root | RootEvidence, files: PathMap | None = None) -> str:
 
 
 def _cut_keeping_where(line: str, n: int) -> str:
-    """`line` ("LABEL xN on ranks 1-3  [FILE:LINE]") in at most `n` characters without losing
+    """`line` ("LABEL on ranks 1-3 (N events)  [FILE:LINE]") in at most `n` characters without losing
     the line number: a long FILE keeps its last two path parts ("…/logs/vllm.log:108"), then the
     label is cut."""
     if len(line) <= n or not line.endswith("]") or "  [" not in line:
@@ -103,21 +103,25 @@ def _cut_keeping_where(line: str, n: int) -> str:
 
 
 def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]:
-    """One line per consequence signature: "LABEL xN on ranks 1-3  [FILE:LINE]" (the first line
-    of that kind; FILE through `files`)."""
-    by_sig: dict[str, dict[str, Any]] = {}
+    """One line per kind of consequence (a signature, or a teardown burst whatever its rows):
+    "LABEL on ranks 1-3 (N events)  [FILE:LINE]", N the events (analysis/occurrence.py), LABEL
+    a burst's with the error it names ("oneCCL teardown (Broken pipe)"), FILE:LINE the first
+    line of that kind (FILE through `files`)."""
+    by_kind: dict[str, dict[str, Any]] = {}
     for g in inc.consequence_groups:
-        sig = g.sig
-        e = by_sig.setdefault(
-            sig.id, {"label": sig.label, "count": 0, "ranks": set(), "procs": set(), "first": g.first}
+        e = by_kind.setdefault(
+            f"burst:{g.burst}" if g.burst else g.sig.id,
+            {"label": g.burst or g.sig.label, "count": 0, "ranks": set(), "procs": set(), "first": g.first},
         )
         e["count"] += g.count
+        if g.detail and "detail" not in e:
+            e["detail"] = g.detail
         if g.rank is not None:
             e["ranks"].add(g.rank)
         elif g.process:
             e["procs"].add(g.process)
     lines = []
-    for e in by_sig.values():
+    for e in by_kind.values():
         who = ""
         if e["ranks"]:
             rs = sorted(e["ranks"])
@@ -126,7 +130,9 @@ def group_consequences(inc: Incident, files: PathMap | None = None) -> list[str]
             who = " in " + ", ".join(sorted(e["procs"]))
         ev = e["first"]
         where = f"{files(ev.file) if files else ev.file}:{ev.line}" if ev.file else "live"
-        lines.append(f"{e['label']} x{e['count']}{who}  [{where}]")
+        label = e["label"] + (f" ({e['detail']})" if e.get("detail") else "")
+        n = e["count"]
+        lines.append(f"{label}{who} ({n} event{'s' if n != 1 else ''})  [{where}]")
     return lines
 
 
@@ -210,11 +216,15 @@ def _consequence_lines(inc: Incident, width: int, files: PathMap | None) -> list
 
 
 def _timeline_lines(inc: Incident, width: int) -> list[str]:
-    """TIMELINE: up to 15 rows "MARK TIME WHO TEXT" (">>" the root, " +" its evidence)."""
+    """TIMELINE: up to 15 rows "MARK TIME WHO TEXT" (">>" the root, " +" its evidence), TIME in
+    one format for every source (`TimelineItem.normalized_time`, analysis/clock.py)."""
     if not inc.timeline:
         return []
     out = ["", "TIMELINE:"]
-    for t in inc.timeline[:15]:
+    rows = inc.timeline[:15]
+    # one column for the times: "2026-03-26 10:12:46.123" (23), wider for long kernel uptimes
+    col = min(max([23, *(len(t.normalized_time or t.time or "-") for t in rows)]), 30)
+    for t in rows:
         who = t.process or ""
         if not who and t.rank is not None:
             who = f"rank {t.rank}"
@@ -223,7 +233,8 @@ def _timeline_lines(inc: Incident, width: int) -> list[str]:
         elif t.rank is not None and not who.endswith(str(t.rank)):
             who = f"{who}/r{t.rank}"
         mark = {"root": ">>", "evidence": " +"}.get(str(t.role), "  ")
-        out.append(f" {mark} {t.time or '-':>19}  {_cut(who, 14):<14} {_cut(t.text or '', width - 42)}")
+        when = _cut(t.normalized_time or t.time or "-", col)
+        out.append(f" {mark} {when:>{col}}  {_cut(who, 14):<14} {_cut(t.text or '', width - col - 23)}")
     return out
 
 

@@ -25,6 +25,9 @@
   codes ({table, class}: the pattern's `{codes}` is replaced by an alternation of the keys of
   `data/<table>.yaml` whose entry has that `class`, e.g. the NVIDIA Xids of one class in
   `data/nvidia_xid.yaml`: knowledge keyed by a number stays one table, not one row per number);
+  teardown_burst (a label, "oneCCL teardown": the row is a line of a collective library's teardown
+  burst; the lines of one rank's burst, whatever their rows, count as one consequence event, see
+  analysis/occurrence.py; a `burst_detail` named group gives the error the burst names, "Broken pipe");
   quotes_root (a consequence line that may quote the error that caused it, "... terminated with exception: CUDA error: ...": the text
   after the row's match is classified again and a root row found there gives the line its cause),
   launcher_report (a shell's or launcher's report of its child's death: a SIGKILL/SIGTERM it reports
@@ -408,6 +411,7 @@ def _parse_row(row: dict[str, Any], index: int, where: str, origin: str) -> Sign
             "quotes_root": bool(row.get("quotes_root", False)),
             "launcher_report": bool(row.get("launcher_report", False)),
             "opens_burst": bool(row.get("opens_burst", False)),
+            "teardown_burst": str(row["teardown_burst"]) if row.get("teardown_burst") else None,
         },
         origin=origin,
     )

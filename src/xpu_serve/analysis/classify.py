@@ -136,6 +136,7 @@ class Classifier:
         """Time carried forward per file for lines without their own stamp (ordering only)."""
         t = ev.time
         if t is not None:
+            self.st.clock.see(ev)
             if not (ev.source == "kernel" and "boot_s" in ev.extra):
                 self.st._last_t[file] = (t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
             return

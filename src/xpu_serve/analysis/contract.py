@@ -18,6 +18,7 @@ from xpu_serve.analysis.incident import (
     RootEvidence,
     TimelineItem,
 )
+from xpu_serve.analysis.occurrence import named_bursts, one_event, unnamed_of_named
 from xpu_serve.analysis.store import EvidenceStore
 from xpu_serve.analysis.subject import Subjects
 from xpu_serve.analysis.timeorder import boot, cmp_time
@@ -53,11 +54,14 @@ class Parts:
     def consequence_groups(
         self, root: Event | None, demoted: list[Event], skip: set[int] | frozenset[int] = frozenset()
     ) -> list[Group]:
-        """What followed the root, counted per (signature, process, rank) in time order: the
-        store's consequence groups, the root candidates that lost and the demoted ones (not the
-        root, not `skip`: the root's own evidence)."""
+        """What followed the root, counted as events (analysis/occurrence.py) per (signature,
+        process, rank) in time order: the store's consequence groups, the root candidates that
+        lost and the demoted ones (not the root, not `skip`: the root's own evidence; not a teardown
+        burst's unprefixed lines when its ranks are named: `occurrence.unnamed_of_named`). A root row's
+        lines beyond the first MAX_PER_SIGNATURE kept count one event each."""
+        named = named_bursts(self.st.groups.values())
         groups: dict[tuple[str, str | None, int | None], Group] = {
-            k: Group(g.sig, g.process, g.rank, g.pid, g.first, g.count) for k, g in self.st.groups.items()
+            k: g.copy() for k, g in self.st.groups.items() if not unnamed_of_named(g, named)
         }
         # root candidates that lost are consequences of the root
         seen_ids = set()
@@ -84,9 +88,11 @@ class Parts:
         key = (sid, proc, rank)
         g = groups.get(key)
         if g is None:
-            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1)
-        else:
+            groups[key] = Group(self.st.table.by_id[sid], proc, rank, pid, ev, 1, ev)
+            return
+        if g.last is None or not one_event(g.last, ev):
             g.count += 1
+        g.last = ev
 
     def timeline(
         self, root: Event | None, demoted: list[Event], evidence_events: list[Event] | None = None
@@ -96,7 +102,7 @@ class Parts:
         else input order)."""
         evidence = {id(e) for e in evidence_events or []}
         items = self._timeline_events(root, evidence_events or [])
-        items.sort(key=cmp_to_key(cmp_time))
+        items.sort(key=cmp_to_key(self._cmp_shown))
         # warning signs and progress logged after the root (a stats line printed after a worker
         # died) are shown after it, in time order
         before = [
@@ -114,6 +120,18 @@ class Parts:
             after = after[: room - len(before)]
         items = before + ([root] if root is not None else []) + after
         return [self._timeline_item(ev, root, evidence) for ev in items]
+
+    def _cmp_shown(self, a: Event, b: Event) -> int:
+        """`cmp_time`, except that a kernel record stamped only in seconds since boot compares
+        with a local wall-clock stamp by its converted time when a record anchors the kernel's
+        clock (analysis/clock.py), as the timeline shows it."""
+        aware = any(e.time is not None and e.time.tzinfo is not None for e in (a, b))  # UTC facts
+        if aware or (boot(a) is None) == (boot(b) is None):
+            return cmp_time(a, b)
+        wa, wb = self.st.clock.wall(a), self.st.clock.wall(b)
+        if wa is None or wb is None or wa == wb:
+            return cmp_time(a, b)
+        return -1 if wa < wb else 1
 
     def _timeline_events(self, root: Event | None, evidence_events: list[Event]) -> list[Event]:
         """The candidates of the timeline, each once: the root, its evidence, the first and last
@@ -165,13 +183,23 @@ class Parts:
         else:
             role = ev.role if ev.role != "root" else "consequence"
         return TimelineItem(
-            ev.time_text, contract_source(ev), proc, rank, pid, role, ev.signature, ev.file, ev.line, ev.text.strip()[:300]
+            ev.time_text,
+            contract_source(ev),
+            proc,
+            rank,
+            pid,
+            role,
+            ev.signature,
+            ev.file,
+            ev.line,
+            ev.text.strip()[:300],
+            self.st.clock.show(ev),
         )
 
     def summary(self, inc: Incident, root: Event | None = None, evidence: list[Event] | None = None) -> str:
         """One plain sentence without a final period (callers append "; bundle ..."): who (process,
         rank, pid), what happened (the signal it was killed by, from the root or its evidence),
-        when, and how many lines followed as consequences."""
+        when, and how many consequence events followed (analysis/occurrence.py)."""
         r = inc.root
         recs = [e for e in [root, *(evidence or [])] if e is not None]
         parts = [
@@ -235,11 +263,12 @@ def _hang_summary(inc: Incident) -> str:
 
 
 def follow_clause(inc: Incident) -> str:
-    """"; N lines followed as consequences" (or "; 1 line ..."), "" when none did."""
+    """"; N events followed as consequences" (or "; 1 event ..."), "" when none did (the
+    consequences' counts are events: `analysis/occurrence.py`)."""
     n = sum(c.count for c in inc.consequences)
     if not n:
         return ""
-    return f"; {n} lines followed as consequences" if n > 1 else "; 1 line followed as a consequence"
+    return f"; {n} events followed as consequences" if n > 1 else "; 1 event followed as a consequence"
 
 
 def startup_summary(inc: Incident, why: str = "") -> str:

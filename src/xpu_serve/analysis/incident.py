@@ -1,6 +1,7 @@
 """The verdict's types: `Incident` (cause, root, consequences, timeline, hang and start-up facts,
 notes) and its parts (`Root`, `RootEvidence`, `Consequence`, `TimelineItem`, `Hang`, `Startup`),
-plus `Group` (consequences of one signature, process and rank, counted while the verdict is made).
+plus `Group` (the consequence events of one signature, process and rank, or of one rank's
+collective teardown burst, counted while the verdict is made: analysis/occurrence.py).
 
 The parts carry the fields of the `--json` verdict contract (/work/shared/cases/README.md "The
 verdict contract"); they are turned into that JSON only at the edge, by analysis/contract.py
@@ -50,8 +51,10 @@ class Root:
 
 @dataclass(frozen=True, slots=True)
 class Consequence:
-    """What followed the root, counted per (signature, process, rank): the first line's place and
-    text (cut to 500 characters) and the exact count."""
+    """What followed the root, per (signature, process, rank): the first line's place and text
+    (cut to 500 characters) and `count`, the exact number of events (one traceback, one rank's
+    collective teardown burst, one process's burst of lines: analysis/occurrence.py), not lines.
+    For a teardown burst `signature` is the first line's row."""
 
     signature: str
     process: str | None
@@ -66,7 +69,10 @@ class Consequence:
 @dataclass(frozen=True, slots=True)
 class TimelineItem:
     """One key event in causal order; `role` is root, evidence, precursor, progress, milestone,
-    consequence...; `text` is cut to 300 characters."""
+    consequence...; `text` is cut to 300 characters; `time` is the stamp as the log shows it,
+    `normalized_time` the same instant in one format for every source (analysis/clock.py:
+    "2026-03-26 10:12:46", "03-26 10:12:46" when the input has no year, "551.424205 s after
+    boot" when no record anchors the kernel's clock), None for both on an unstamped line."""
 
     time: str | None
     source: str
@@ -78,6 +84,7 @@ class TimelineItem:
     file: str | None
     line: int | None
     text: str
+    normalized_time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +117,10 @@ class Startup:
 
 @dataclass
 class Group:
-    """Consequences of one (signature, process, rank): the first event and the exact count."""
+    """Consequence events of one (signature, process, rank), or of one (teardown burst, process,
+    rank): the first line, the exact count of events (analysis/occurrence.py), the latest line
+    (`last`, which the next line may continue), the burst's label (`burst`, the rows'
+    `teardown_burst`) and the error it names (`detail`, a row's `burst_detail` group), else None."""
 
     sig: Signature
     process: str | None
@@ -118,6 +128,15 @@ class Group:
     pid: int | None
     first: Event
     count: int = 0
+    last: Event | None = None
+    burst: str | None = None
+    detail: str | None = None
+
+    def copy(self) -> Group:
+        """A copy whose count the verdict may raise (the store's groups stay as read)."""
+        return Group(
+            self.sig, self.process, self.rank, self.pid, self.first, self.count, self.last, self.burst, self.detail
+        )
 
     def consequence(self) -> Consequence:
         """The verdict's consequence of this group."""
@@ -139,7 +158,8 @@ class Incident:
     """The verdict: cause id, root, consequences, timeline, hang facts, notes.
 
     `summary` is one plain sentence without a final period (callers append "; bundle PATH"):
-    process, rank, pid, what happened (the signal when known), when, and how many lines followed.
+    process, rank, pid, what happened (the signal when known), when, and how many consequence events
+    followed.
     `root.evidence` (also `root_evidence`) lists the other records of the root's own death; they
     are not counted as consequences, and the timeline marks them with role "evidence".
 

@@ -1,8 +1,8 @@
 """The evidence store: what the analysis keeps of its input, bounded whatever the input size.
 
 Root candidates and precursors keep the first `MAX_PER_SIGNATURE` events of each signature (and
-exact counts); consequences are counted per (signature, process, rank) in at most `MAX_GROUPS`
-groups; start-up milestones keep their first and last event and the ranks that reached them; the
+exact counts); consequences are counted as events (analysis/occurrence.py) per (signature,
+process, rank), or per (teardown burst, process, rank), in at most `MAX_GROUPS` groups; start-up milestones keep their first and last event and the ranks that reached them; the
 pid maps hold what vLLM's prefixes taught ("(Worker_TP1 pid=4242)" -> rank 1). Filled by the
 feeding and classification in `diagnosis.Analyzer`, read by the verdict (analysis/verdict.py).
 """
@@ -12,9 +12,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from xpu_serve.analysis.clock import Clock
 from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
 from xpu_serve.analysis.incident import Group
 from xpu_serve.analysis.kernel_owner import KernelOwners
+from xpu_serve.analysis.occurrence import TeardownRuns, one_event
 from xpu_serve.analysis.rules import Rules, load_rules
 from xpu_serve.events import Event, parse_line
 from xpu_serve.incarnation import Trigger
@@ -48,6 +50,8 @@ class EvidenceStore:
         self.precursors: dict[str, list[Event]] = {}
         self.precursor_counts: dict[str, int] = {}
         self.groups: dict[tuple[str, str | None, int | None], Group] = {}
+        self._teardown = TeardownRuns()  # open collective teardown runs (analysis/occurrence.py)
+        self.clock = Clock()  # the input's year and boot time, for people's times (analysis/clock.py)
         self.milestones: dict[str, dict[str, Any]] = {}
         self.ready = False
         # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
@@ -92,15 +96,26 @@ class EvidenceStore:
             lst.append(ev)
 
     def _add_consequence(self, ev: Event, sig: Signature) -> None:
+        """Count consequence line `ev` of row `sig` in its group: a new event, or a further line
+        of the group's latest event (analysis/occurrence.py)."""
         rank = ev.rank if ev.rank is not None else (self.pid_rank.get(ev.pid) if ev.pid is not None else None)
         proc = normalize_process(ev.process or (self.pid_name.get(ev.pid) if ev.pid else None), rank)
-        key = (sig.id, proc, rank)
+        burst = sig.extra.get("teardown_burst")
+        key = (f"burst:{burst}" if burst else sig.id, proc, rank)
         g = self.groups.get(key)
         if g is None:
             if len(self.groups) >= MAX_GROUPS:
                 return
-            g = self.groups[key] = Group(sig, proc, rank, ev.pid, ev)
-        g.count += 1
+            g = self.groups[key] = Group(sig, proc, rank, ev.pid, ev, burst=burst)
+        if burst:
+            new = self._teardown.new_event(ev, burst, key)
+        else:
+            new = g.last is None or not one_event(g.last, ev)
+        g.count += new
+        g.last = ev
+        detail = ev.extra.get("burst_detail")
+        if g.detail is None and isinstance(detail, str):
+            g.detail = detail
 
     def _ref_event(self, ref: Any) -> Event | None:
         if ref is None or isinstance(ref, Event):
