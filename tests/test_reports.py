@@ -481,3 +481,59 @@ def test_request_handler_logged_exception_cut_in_its_traceback_is_not_a_failure(
         "ERROR 03-17 08:02:04 serving_chat.py:596]     async for res in result_generator:\n"
     )
     assert _verdict_of(tmp_path, text)["cause"] == "unknown"
+
+
+def test_ray_task_error_header_names_the_raising_pid(tmp_path: Path) -> None:
+    # Ray's RayTaskError body as the driver re-raises it (Agent-RL/ReCall#62): the header's pid is
+    # the process whose traceback follows, unprefixed
+    text = (
+        "ray.exceptions.RayTaskError(RuntimeError): ray::main_task() (pid=10066, ip=10.0.0.1)\n"
+        '  File "/workdir/src/verl/trainer/main_ppo.py", line 135, in main_task\n'
+        "    trainer.fit()\n"
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/cuda/memory.py", line 170, in empty_cache\n'
+        "    torch._C._cuda_emptyCache()\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    got = _verdict_of(tmp_path, text)
+    assert (got["cause"], got["root"]["pid"], got["root"]["line"]) == ("process-exception", 10066, 6)
+    # without the header the same traceback names no pid
+    assert _verdict_of(tmp_path, text.split("\n", 1)[1])["root"]["pid"] is None
+
+
+def test_ggml_abort_is_the_root_of_the_driver_crash_while_aborting(tmp_path: Path) -> None:
+    # ggml's fatal error and the shell's "Aborted" (ggml-org/llama.cpp#13329), a kernel record of a
+    # libcuda segfault of the aborting process (ikawrakow/ik_llama.cpp#381): in either file order
+    log = (
+        "llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:2073: GGML_ASSERT(!ggml_cuda_should_use_mmq(src0->type, cc, "
+        "ne11) || ne00 % MATRIX_ROW_PADDING == 0) failed\n"
+        "Aborted\n"
+    )
+    kmsg = (
+        "[Sun May  4 22:19:21 2025] llama-server[2015]: segfault at 204803fe0 ip 00007efcfc1189d7 sp 00007ffe21474280 "
+        "error 4 in libcuda.so.575.51.03[7efcfbdc5000+e97000] likely on CPU 21 (core 5, socket 1)\n"
+    )
+    (tmp_path / "input.log").write_text(log)
+    (tmp_path / "dmesg.txt").write_text(kmsg)
+    for order in (["input.log", "dmesg.txt"], ["dmesg.txt", "input.log"]):
+        got = diagnose_files([tmp_path / n for n in order]).to_contract()
+        assert (got["cause"], got["root"]["line"]) == ("process-exception", 1), order
+        assert "kernel-segfault-umd" in [c["signature"] for c in got["consequences"]]
+    # the kernel record alone is a crash in the driver library
+    assert diagnose_files([tmp_path / "dmesg.txt"]).to_contract()["cause"] == "umd-segfault"
+
+
+def test_tgi_shard_waits_are_a_stall_only_while_a_shard_stays_down(tmp_path: Path) -> None:
+    # TGI's launcher (huggingface/text-generation-inference#2657 waits, then every shard ready)
+    waits = "".join(
+        f"2024-10-16T10:4{m}:{s}1.376536Z  INFO shard-manager: text_generation_launcher: Waiting for shard to be "
+        f"ready... rank={r}\n"
+        for m, s in (("8", "5"), ("9", "0"))
+        for r in (0, 3)
+    )
+    ready = "".join(
+        f"2024-10-16T10:49:0{5 + r}.101010Z  INFO shard-manager: text_generation_launcher: Shard ready in 40.1s "
+        f"rank={r}\n"
+        for r in (0, 3)
+    )
+    assert _verdict_of(tmp_path, waits)["cause"] == "startup-hang"
+    assert _verdict_of(tmp_path, waits + ready)["cause"] == "unknown"

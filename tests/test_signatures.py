@@ -628,3 +628,211 @@ def test_go_runtime_and_i915_rows_name_the_signal_and_the_process() -> None:
         parse_line("i915 0000:00:02.0: [drm] WorldOfTanks.ex[6444] context reset due to GPU hang")
     )
     assert got is not None and got[1].group("comm", "pid") == ("WorldOfTanks.ex", "6444")
+
+
+@pytest.mark.parametrize(
+    "line, row, cause",
+    [
+        # ggml's CUDA allocator (ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer):
+        # ggml-org/llama.cpp#20431 (model load), ikawrakow/ik_llama.cpp#749, #16725 (HIP build)
+        (
+            "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 144817.04 MiB on device 0: cudaMalloc failed: out of memory",
+            "torch-out-of-memory",
+            "device-oom",
+        ),
+        # vLLM's cumem allocator (csrc/cumem_allocator.cpp): vllm-project/vllm#12981, verl-project/verl#302
+        ("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:56", "torch-out-of-memory", "device-oom"),
+        ("CUDA Error: invalid argument at /workspace/csrc/cumem_allocator.cpp:57", None, None),
+        # Ray's memory monitor: ray-project/ray#34695 (raylet.out), hiyouga/EasyR1#185, ray-project/ray#32730
+        (
+            "[2023-04-19 16:22:19,798 E 329 329] (raylet) node_manager.cc:3069: 13 Workers (tasks / actors) killed due "
+            "to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 2875, IP: 10.0.10.135)",
+            "ray-memory-monitor-kill",
+            "host-oom",
+        ),
+        (
+            "Memory on the node (IP: 172.31.237.1, ID: 2c0c) where the task (task ID: 76b2, name=pi4_sample, "
+            "pid=664672, memory used=0.05GB) was running was 219.41GB / 230.40GB (0.952289), which exceeds the memory "
+            "usage threshold of 0.95. Ray killed this worker (ID: ba84) because it was the most recently scheduled task",
+            "ray-memory-monitor-kill",
+            "host-oom",
+        ),
+        # Go os/exec's report of a child's signal: ollama/ollama#5629, #1019 (old log.Printf shape)
+        (
+            "Error: llama runner process has terminated: signal: segmentation fault (core dumped) ",
+            "go-exec-child-signaled",
+            "process-crash",
+        ),
+        ("2023/11/16 15:44:45 llama.go:430: signal: segmentation fault", "go-exec-child-signaled", "process-crash"),
+        ('msg="llama runner terminated" error="signal: terminated"', None, None),
+        ("the user reported signal: killed in the forum", None, None),
+        # TGI's launcher: huggingface/text-generation-inference#2293 (signal 11), #2238 (signal 4)
+        (
+            "2024-07-24T08:20:07.046012Z ERROR shard-manager: text_generation_launcher: Shard process was signaled "
+            "to shutdown with signal 11 rank=2",
+            "tgi-shard-signaled",
+            "process-crash",
+        ),
+        ("Shard process was signaled to shutdown with signal 15 rank=0", None, None),
+        # TGI's shard waits: huggingface/text-generation-inference#2139, #757, #81 (pre-0.9 wording)
+        (
+            "2024-06-28T11:28:48.207074Z  INFO shard-manager: text_generation_launcher: Waiting for shard to be ready... rank=1",
+            "tgi-shard-wait",
+            "startup-hang",
+        ),
+        (
+            "2023-02-20T16:45:24.091665Z  INFO text_generation_launcher: Waiting for shard 0 to be ready...",
+            "tgi-shard-wait",
+            "startup-hang",
+        ),
+    ],
+)
+def test_other_runtimes_oom_kill_signal_and_wait_shapes(line: str, row: str | None, cause: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+    assert (got[0].cause if got else None) == cause
+
+
+def test_launcher_signal_rows_name_the_signal_and_rank() -> None:
+    from xpu_serve.diagnosis import death_signal
+
+    for line, signal, rank in (
+        ('error="llama runner process has terminated: signal: killed"', "SIGKILL", None),
+        ("Shard process was signaled to shutdown with signal 4 rank=0", "SIGILL", "0"),
+    ):
+        ev = parse_line(line)
+        got = TABLE.match(ev, in_traceback=False)
+        assert got is not None
+        gd = {k: v for k, v in got[1].groupdict().items() if v is not None}
+        ev.extra.update(gd)
+        assert death_signal(ev) == signal
+        assert gd.get("rank") == rank
+
+
+@pytest.mark.parametrize(
+    "line, row, cause",
+    [
+        # ptxas under Triton: NixOS/nixpkgs#406675 (vLLM 0.9.1 EngineCore), ray-project/ray#53825,
+        # triton-lang/triton#5017 (indented, in PTXASError's message)
+        ("ERROR 07-01 14:28:21 [core.py:515] ptxas fatal   : Ptx assembly aborted due to errors", "ptxas-error", "process-exception"),
+        (
+            "(MapWorker(MapBatches(vLLMEngineStageUDF)) pid=12390, ip=10.0.118.90) ptxas /tmp/tmpbc993top.ptx, "
+            "line 113; fatal   : Parsing error near '.': syntax error [repeated 8x across cluster]",
+            "ptxas-error",
+            "process-exception",
+        ),
+        (
+            "  ptxas fatal   : (C7600) Register allocation failed with register count of '255'. Compile the program "
+            "with a higher register target",
+            "ptxas-error",
+            "process-exception",
+        ),
+        ("RuntimeError: Internal Triton PTX codegen error: ", "ptxas-error", "process-exception"),
+        (
+            "  ptxas info    : (C7516) Potential Performance Loss: wgmma.mma_async instructions are serialized",
+            None,
+            None,
+        ),
+        # vLLM's model/platform check: vllm-project/vllm#11002 (Neuron), the registry's wording
+        (
+            "ValueError: Model architectures ['Qwen2VLForConditionalGeneration'] are not supported on Neuron for "
+            "now. Supported architectures: ['LlamaForCausalLM', 'MistralForCausalLM'].",
+            "model-arch-unsupported",
+            "config-error",
+        ),
+        (
+            "ValueError: Model architectures ['MllamaForConditionalGeneration'] are not supported for now. "
+            "Supported architectures: dict_keys(['AquilaModel', 'AquilaForCausalLM'])",
+            "model-arch-unsupported",
+            "config-error",
+        ),
+        # vLLM 0.3.x's Neuron check (vllm-project/vllm#2569, model_executor/models/__init__.py)
+        (
+            "ValueError: Model architecture OPTForCausalLM is not supported by Neuron for now.",
+            "model-arch-unsupported",
+            "config-error",
+        ),
+        ("Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs.", None, None),
+    ],
+)
+def test_ptxas_and_unsupported_architecture_shapes(line: str, row: str | None, cause: str | None) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=True)
+    assert (got[0].id if got else None) == row, line
+    assert (got[0].cause if got else None) == cause
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # vllm-project/vllm#5468 (a second user's paste), scikit-learn/scikit-learn#30525 (joblib's tracker)
+        "KeyError: '/psm_2ec8dce9'",
+        "KeyError: '/dev/shm/joblib_memmapping_folder_25931_690ca364e0034db595ab6b39bbdbf2dc_d3bdf56c88414474a818c379eb612c96'",
+    ],
+)
+def test_resource_tracker_unregister_errors_are_context(line: str) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=True)
+    assert got is not None and got[0].id == "resource-tracker-unregister-keyerror" and got[0].role == "context"
+    other = TABLE.match(parse_line("KeyError: 'model.layers.0.weight'"), in_traceback=True)
+    assert other is not None and other[0].id == "python-exception"
+
+
+def test_v0_engine_loop_death_is_a_crash_of_the_engine() -> None:
+    # MQLLMEngine._heartbeat's RuntimeError as the client logs it: vllm-project/vllm#9175 (CPU backend)
+    for line in (
+        "ERROR 10-09 02:13:55 client.py:250] RuntimeError('Engine loop has died')",
+        "ERROR 10-09 02:13:55 client.py:250] RuntimeError: Engine loop has died",
+    ):
+        got = TABLE.match(parse_line(line), in_traceback=True)
+        assert got is not None and (got[0].id, got[0].cause) == ("engine-loop-died-v0", "process-crash"), line
+
+
+@pytest.mark.parametrize(
+    "line, row, cause",
+    [
+        # ggml's abort: abetlen/llama-cpp-python#1694 (Windows path), ggml-org/llama.cpp#13461,
+        # ggml-org/llama.cpp#3305 and rustformers/llm#417 (the pre-2024 GGML_ASSERT wording)
+        (
+            "D:\\a\\llama-cpp-python\\llama-cpp-python\\vendor\\llama.cpp\\ggml\\src\\ggml.c:6399: "
+            "GGML_ASSERT(c->ne[0] >= n_dims / 2) failed",
+            "ggml-abort",
+            "process-exception",
+        ),
+        ("/app/src/llama-sampling.cpp:204: GGML_ASSERT(cur_p->size > 0) failed", "ggml-abort", "process-exception"),
+        (
+            "GGML_ASSERT: /opt/projects/llama.cpp/ggml.c:4796: view_src == NULL || data_size + view_offs <= "
+            "ggml_nbytes(view_src)",
+            "ggml-abort",
+            "process-exception",
+        ),
+        ("GGML_ASSERT: llama-cpp/ggml.c:6270: ggml_nelements(a) == ne0*ne1*ne2", "ggml-abort", "process-exception"),
+        ("gcc: fatal error: no input files", None, None),
+        # V0's shared-memory broadcast wording: vllm-project/vllm#10661, #6614
+        (
+            "(VllmWorkerProcess pid=1634044) WARNING 11-26 13:07:36 shm_broadcast.py:391] No available block found "
+            "in 60 second. ",
+            "shm-broadcast-wait",
+            "engine-hang",
+        ),
+        # the ProcessGroup watchdog's work reports: existing reports ray-nccl-watchdog-gather-mid-serving-no-esc
+        # (torch 2.3) and nccl-watchdog-broadcast-pg-guid-multinode-v1 (torch 2.6 wording)
+        (
+            "(RayWorkerWrapper pid=4009) [rank1]:[E ProcessGroupNCCL.cpp:1537] [PG 1 Rank 1] Timeout at NCCL work: "
+            "158046, last enqueued NCCL work: 158046, last completed NCCL work: 158045.",
+            "pg-watchdog-work-report",
+            None,
+        ),
+        (
+            "[rank3]:[E822 16:31:16.137270546 ProcessGroupNCCL.cpp:2271] [PG ID 4 PG GUID 67 Rank 3]  failure "
+            "detected by watchdog at work sequence id: 5729 PG status: last enqueued work: 6464, last completed work: 5728",
+            "pg-watchdog-work-report",
+            None,
+        ),
+    ],
+)
+def test_ggml_abort_v0_shm_wait_and_watchdog_report_shapes(line: str, row: str | None, cause: str | None) -> None:
+    ev = parse_line(line)
+    got = TABLE.match(ev, in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+    assert (got[0].cause if got else None) == cause
+    if row == "pg-watchdog-work-report":
+        assert got is not None and (ev.rank is not None or got[1].group("rank") is not None)

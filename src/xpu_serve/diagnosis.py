@@ -107,7 +107,8 @@ class Analyzer(EvidenceStore):
         triggers = (
             # "^^^": Python 3.11+ position marks under a frame's source; a paste that starts at them
             # (its header and frame line cut off) opens a traceback there (see Classifier.ingest)
-            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^")
+            # "ray::": Ray's task-error header, which opens a traceback like CPython's (analysis/traceback.py)
+            ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^", "ray::")
         )
         self._ac: Any = self.table.trigger_automaton(triggers, skip_roles=("context",))
         self._triggers = tuple(self.table.trigger_keywords(triggers, skip_roles=("context",)))

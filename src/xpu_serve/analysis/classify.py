@@ -20,7 +20,7 @@ from xpu_serve.analysis.dedup import Dedup
 from xpu_serve.analysis.msghead import MessageHeads
 from xpu_serve.analysis.store import MAX_PER_SIGNATURE, EvidenceStore
 from xpu_serve.analysis.timeorder import tkey as _tkey
-from xpu_serve.analysis.traceback import HEADER, Step, TracebackTracker
+from xpu_serve.analysis.traceback import HEADER, Step, TracebackTracker, ray_task_pid
 from xpu_serve.events import Event, kernel_message_info, parse_line
 from xpu_serve.signatures import Signature
 
@@ -66,6 +66,7 @@ class Classifier:
         self._tb_last_frame = self.tracker.last_frame  # traceback group -> its latest frame line
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
+        self._group_pid: dict[int, int] = {}  # traceback group -> the pid its Ray task header names
         self.last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
@@ -82,6 +83,7 @@ class Classifier:
         for d in (
             self._group_specific,
             self._pyexc_by_group,
+            self._group_pid,
             self.last_kernel,
             self._last_terminate,
             self._last_coredump,
@@ -127,10 +129,22 @@ class Classifier:
             if got.group is not None:
                 ev.group = got.group
                 self.heads.read(got.group, head, in_tb)
+                self._task_pid(ev, got.group)
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None
         return ev
+
+    def _task_pid(self, ev: Event, group: int) -> None:
+        """A Ray task-error header names the process that raised (`ray_task_pid`): the unprefixed
+        lines of its traceback group are that pid's (at most 4096 groups remembered)."""
+        pid = ray_task_pid(ev.text)
+        if pid is not None:
+            if len(self._group_pid) >= 4096:
+                del self._group_pid[next(iter(self._group_pid))]
+            self._group_pid[group] = pid
+        elif ev.pid is None and group in self._group_pid:
+            ev.pid = self._group_pid[group]
 
     def _carry_time(self, ev: Event, file: str) -> None:
         """Time carried forward per file for lines without their own stamp (ordering only)."""

@@ -235,6 +235,8 @@ class Parts:
         if c == "process-crash":
             return who + self._crash_how(root, recs, signal, label) + where + follow
         if c == "host-oom":
+            if root is not None and root.source != "kernel" and label:
+                return f"{who} was killed for lack of host memory ({label}){where}{follow}"
             return f"{who} was killed by the kernel's OOM killer{where}{follow}"
         return f"{who} failed first: {label}{where}{follow}"
 

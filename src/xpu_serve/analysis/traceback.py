@@ -25,6 +25,23 @@ EXC_LINE_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?::|$)"
 )
 HEADER = "Traceback (most recent call last)"
+# Ray's task-error header, which stands where CPython's header would (python/ray/exceptions.py
+# RayTaskError: "{proctitle}() (pid={pid}, ip={ip}[, actor_id=..., repr=...])" before the remote
+# traceback's frames, alone, after "ray.exceptions.RayTaskError(Cause): " or after the driver's
+# "Possible unhandled error from worker: "): the pid is the process that raised
+RAY_TASK_HEADER_RE = re.compile(
+    r"(?:^|RayTaskError(?:\(\w+\))?: |Possible unhandled error from worker: )ray::[\w.<>]+\(\) \(pid=(?P<pid>\d+)[,)]"
+)
+RAY_TASK_TRIGGER = "ray::"
+
+
+def ray_task_pid(text: str) -> int | None:
+    """The pid a Ray task-error header names ("ray::Actor.method() (pid=838798, ip=...)"), or None."""
+    if RAY_TASK_TRIGGER not in text:
+        return None
+    m = RAY_TASK_HEADER_RE.search(text)
+    return int(m.group("pid")) if m else None
+
 _EXC_LEVELS = ("ERROR", "CRITICAL")  # the levels logger.exception / logger.critical write at
 _CHAINED = ("During handling", "The above exception")
 # a native frame in a Python-style dump (tvm-ffi's and other native crash handlers print C frames
@@ -98,7 +115,11 @@ class TracebackTracker:
         indent."""
         text = ev.text
         st = self.streams.get(key)
-        if text.startswith(HEADER) or (HEADER in text and text.rstrip().endswith(":")):
+        if (
+            text.startswith(HEADER)
+            or (HEADER in text and text.rstrip().endswith(":"))
+            or ray_task_pid(text) is not None
+        ):
             if st is None or st.state is not TbState.EXCEPTION:
                 st = Stream(TbState.FRAMES, order, order)
             else:
