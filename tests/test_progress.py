@@ -254,27 +254,6 @@ def test_scrape_metrics_reads_at_most_max_metrics_bytes() -> None:
     assert huge is None
 
 
-def test_scraper_reads_the_full_page_from_a_server_without_name_filters(engine: FakeEngine) -> None:
-    """The watchdog asks for the four families (`FILTERED_PATH`); a server that serves only the
-    bare `/metrics` path (404 for the query) is read in full from the first scrape on."""
-    from xpu_serve.sources.http_get import KeepAliveGet
-
-    engine.running, engine.prompt = 2, 5.0
-    getter = KeepAliveGet("127.0.0.1", engine.port, 5.0)
-    scraper = prog.MetricsScraper(getter)
-    assert scraper.path == prog.FILTERED_PATH
-
-    async def main() -> tuple[Any, Any]:
-        return await scraper.sample(), await scraper.sample()
-
-    try:
-        first, second = asyncio.run(main())
-    finally:
-        getter.close()
-    assert first is not None and first.running == 2.0 and second == first
-    assert scraper.path == "/metrics"
-
-
 def test_parse_stats_lines_from_real_log() -> None:
     stats = [prog.parse_stats_line(ln) for ln in GLM_LOG.read_text().splitlines()]
     found = [s for s in stats if s is not None]

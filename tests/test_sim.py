@@ -342,14 +342,6 @@ def test_healthy_tree_logs_http_metrics_and_sigterm(tmp_path) -> None:
         assert gen == 7 + 4 + 5 + 3
         assert re.search(r'^vllm:prompt_tokens_total\{engine="0",model_name="sim"\} [1-9]', text, re.M)
         assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="sim"} 4.0' in text
-        # restricted by `name[]` as prometheus_client's exposition does: the hang watchdog's scrape
-        from xpu_serve.sources.progress import FILTERED_PATH, parse_metrics
-
-        part = sim.get(FILTERED_PATH)[1].decode()
-        samples = {ln.split("{")[0] for ln in part.splitlines() if ln and not ln.startswith("#")}
-        assert samples == {"vllm:num_requests_running", "vllm:num_requests_waiting",
-                           "vllm:prompt_tokens_total", "vllm:generation_tokens_total"}, part
-        assert parse_metrics(part) == parse_metrics(text) and len(part) * 5 < len(text)
 
         # Periodic stats line and uvicorn access lines.
         sim.wait_for_line(

@@ -571,10 +571,9 @@ class _HangRounds:
         self.getter = KeepAliveGet(
             probe_address(e.host), e.port, max(1.0, min(self.interval, 10.0)), max_bytes=prog.MAX_METRICS_BYTES
         )
-        self.scraper = prog.MetricsScraper(self.getter)
 
     async def next(self) -> prog.HangVerdict | None:
-        sample = await self.scraper.sample()
+        sample = await prog.scrape_metrics(self.getter)
         now = time.monotonic()
         verdict: prog.HangVerdict | None = None
         if sample is not None:

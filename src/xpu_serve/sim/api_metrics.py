@@ -81,16 +81,10 @@ class Metrics:
         for reason in ("stop", "length", "abort"):
             self.success.labels(finished_reason=reason, **self.lv)
 
-    def text(self, query: str = "") -> bytes:
-        """The exposition text; `query` (the URL's query string) may restrict it to sample names
-        with `name[]` parameters, as vLLM's /metrics (prometheus_client exposition.py
-        `_bake_output`: `registry.restricted_registry(params["name[]"])`)."""
-        from urllib.parse import parse_qs
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
 
-        from prometheus_client import REGISTRY, generate_latest
-
-        names = parse_qs(query).get("name[]")
-        return generate_latest(REGISTRY.restricted_registry(names) if names else REGISTRY)  # type: ignore[arg-type]
+        return generate_latest()
 
     def on_step(self, stats: dict[str, Any]) -> None:
         """One engine step's scheduler stats (sim.scheduler.advance)."""

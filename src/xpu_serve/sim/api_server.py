@@ -456,7 +456,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(200, {"version": self.api.cfg.vllm_version})
         elif path == "/metrics":
             assert api.metrics is not None
-            data = api.metrics.text(self.path.partition("?")[2])
+            data = api.metrics.text()
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("content-length", str(len(data)))

@@ -26,7 +26,6 @@ import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
 from xpu_serve import aio
 from xpu_serve.sources.http_get import KeepAliveGet
@@ -265,49 +264,19 @@ class StatsLineProgress:
         return max(0.0, now - self.last_progress)
 
 
-FILTERED_PATH = "/metrics?" + urlencode([("name[]", n) for n in _WANTED])
-"""`/metrics` restricted to the four families by prometheus_client's `name[]` query parameters
-(prometheus_client/exposition.py `_bake_output` -> `CollectorRegistry.restricted_registry`, which
-vLLM's /metrics mount serves): about 1 kB instead of vLLM's 20-200 kB, read and generated every
-`metrics_interval_s` (the API server builds every family for a full scrape)."""
-
-
-async def scrape_metrics(getter: KeepAliveGet, path: str = "/metrics") -> MetricsSample | None:
-    """GET `path` over the kept-alive connection and parse it; None when unreachable, non-200,
+async def scrape_metrics(getter: KeepAliveGet) -> MetricsSample | None:
+    """GET /metrics over the kept-alive connection and parse it; None when unreachable, non-200,
     unparseable, or not vLLM's metrics (none of the four families)."""
-    return (await _scrape(getter, path))[1]
-
-
-async def _scrape(getter: KeepAliveGet, path: str) -> tuple[bool, MetricsSample | None]:
-    """(the server answered, the sample or None)."""
-    res = await getter.get(path)
+    res = await getter.get("/metrics")
     if res.status != 200 or res.error is not None:  # (a body over the getter's max_bytes)
-        return res.status is not None, None
+        return None
     try:
         sample = parse_metrics(res.body.decode("utf-8", "replace"))
     except ValueError:
-        return True, None
+        return None
     if sample.in_flight is None and sample.tokens is None:
-        return True, None  # not vLLM's metrics
-    return True, sample
-
-
-class MetricsScraper:
-    """The hang watchdog's scrape: `FILTERED_PATH` while it gives the families; a server that
-    answers it without them (one that does not route or mishandles `name[]`) while `/metrics`
-    gives them is read in full from then on."""
-
-    def __init__(self, getter: KeepAliveGet):
-        self.getter, self.path = getter, FILTERED_PATH
-
-    async def sample(self) -> MetricsSample | None:
-        answered, got = await _scrape(self.getter, self.path)
-        if answered and got is None and self.path != "/metrics":
-            full = await scrape_metrics(self.getter, "/metrics")
-            if full is not None:
-                self.path = "/metrics"
-            return full
-        return got
+        return None  # not vLLM's metrics
+    return sample
 
 
 @dataclass
