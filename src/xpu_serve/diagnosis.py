@@ -108,6 +108,8 @@ class Analyzer(EvidenceStore):
             # "^^^": Python 3.11+ position marks under a frame's source; a paste that starts at them
             # (its header and frame line cut off) opens a traceback there (see Classifier.ingest)
             ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^")
+            # a context row the classifier acts on: a GPU driver's record naming a fault's process
+            + self.table.by_id[self._row["kernel_task_info"]].keywords
         )
         self._ac: Any = self.table.trigger_automaton(triggers, skip_roles=("context",))
         self._triggers = tuple(self.table.trigger_keywords(triggers, skip_roles=("context",)))
