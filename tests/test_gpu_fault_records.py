@@ -78,6 +78,44 @@ TASK_INFO = [
 ]
 
 
+TASK_INFO += [
+    (
+        "swaywm/sway#8458: a ring timeout, then dev_err `Process information: process ...`",
+        [
+            "[469021.979894] amdgpu 0000:0a:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=198283905, emitted "
+            "seq=198283907",
+            "[469021.979906] amdgpu 0000:0a:00.0: amdgpu: Process information: process sway pid 10947 thread "
+            "sway:cs0 pid 11020",
+            "[469021.979913] amdgpu 0000:0a:00.0: amdgpu: GPU reset begin!",
+        ],
+        10947,
+        "sway",
+    ),
+    (
+        "yuzu-emu/yuzu#2559: syslog, DRM_ERROR `[drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process information`",
+        [
+            "Nov 10 21:23:34 ryzen-desk kernel: [  175.106780] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring "
+            "gfx_0.0.0 timeout, signaled seq=9910, emitted seq=9912",
+            "Nov 10 21:23:34 ryzen-desk kernel: [  175.106926] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process "
+            "information: process yuzu pid 4828 thread yuzu:VulkanWork pid 4947",
+            "Nov 10 21:23:34 ryzen-desk kernel: [  175.107045] amdgpu 0000:0c:00.0: amdgpu: GPU reset begin!",
+        ],
+        4828,
+        "yuzu",
+    ),
+    (
+        "pop-os/cosmic-epoch#3764: a ring timeout, then ` Process ... thread ...` (7.0), no `amdgpu:` tag",
+        [
+            "[  312.522692] amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=57638, emitted seq=57641",
+            "[  312.522700] amdgpu 0000:28:00.0:  Process cosmic-comp pid 2288 thread cosmic-com:cs0 pid 2316",
+            "[  312.522706] amdgpu 0000:28:00.0: Starting gfx_0.0.0 ring reset",
+        ],
+        2288,
+        "cosmic-comp",
+    ),
+]
+
+
 @pytest.mark.parametrize("source,lines,pid,comm", TASK_INFO, ids=[t[0].split(":")[0] for t in TASK_INFO])
 def test_amdgpu_fault_names_its_process(
     tmp_path: Path, source: str, lines: list[str], pid: int, comm: str
@@ -87,6 +125,37 @@ def test_amdgpu_fault_names_its_process(
     assert got["root"]["pid"] == pid, source
     assert got["root"]["process"] == comm, source
     assert got["root"]["line"] == 1, source
+
+
+def test_kernel_thread_fault_names_no_process(tmp_path: Path) -> None:
+    """pid 0 (a kernel thread; the amdgpu-mes-msg-3-...-pid0 report's page fault) names nobody."""
+    got = verdict(
+        tmp_path,
+        [
+            "May 26 18:09:57 fedora kernel: amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:169 "
+            "vmid:0 pasid:0, for process  pid 0 thread  pid 0)",
+            "[  148.169562] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring sdma0 timeout, signaled seq=7276, "
+            "emitted seq=7278",
+            "[  148.169627] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process information: process  pid 0 thread  "
+            "pid 0",
+        ],
+    )
+    assert got["cause"] == "gpu-fault"
+    assert got["root"]["pid"] is None
+
+
+def test_empty_comm_still_names_the_pid(tmp_path: Path) -> None:
+    """freebsd/drm-kmod#78: FreeBSD's LinuxKPI prints an empty comm (`for process  pid 101038`)."""
+    got = verdict(
+        tmp_path,
+        [
+            "drmn0: [gfxhub0] retry page fault (src_id:0 ring:0 vmid:5 pasid:32772, for process  pid 101038 thread  "
+            "pid 101038)",
+            "drmn0:   in page starting at address 0x0000800104e00000 from client 27",
+        ],
+    )
+    assert got["cause"] == "gpu-fault"
+    assert got["root"]["pid"] == 101038
 
 
 def test_task_info_of_another_device_is_not_taken(tmp_path: Path) -> None:
