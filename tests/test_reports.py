@@ -50,6 +50,18 @@ KNOWN_GAPS: dict[str, str] = {
 }
 
 
+# case name -> why the `docker logs -t` shapes below (one fixed stamp, 2026-04-16T12:49:28, put before every
+# line) cannot keep its verdict: the shape's stamp disagrees with the case's own clock, which a real capture's
+# would not
+DOCKER_T_GAPS: dict[str, str] = {
+    "oneccl-atl-ofi-psm3-mlx5-cannot-open-network-providers-then-ucx-caught-signal-11-multi-rank-pvc": (
+        "oneCCL's own stamps (`2025:05:23-19:04:20`) order its errors, the UCX `Caught signal 11` line has none and "
+        "takes the shape's 04-16 stamp; time keys carry no year (vLLM's stamps have none), so the signal reads as "
+        "a month before the errors and becomes the root; a real `docker logs -t` stamp is the errors' own day"
+    ),
+}
+
+
 def _params() -> list[Any]:
     out = []
     for case in REPORT_DIRS:
@@ -71,7 +83,7 @@ def test_every_report_is_documented() -> None:
     for case in REPORT_DIRS:
         assert (case / "SOURCE.md").read_text().count("https://") >= 1, case.name
         assert any(p.suffix in (".log", ".txt") for p in case.iterdir()), case.name
-    assert set(KNOWN_GAPS) <= {p.name for p in REPORT_DIRS}
+    assert set(KNOWN_GAPS) | set(DOCKER_T_GAPS) <= {p.name for p in REPORT_DIRS}
 
 
 # How the same log reaches us in other hands: each transform rewrites every file of a case the way a
@@ -107,6 +119,8 @@ def _shape_params() -> list[Any]:
         if case.name in KNOWN_GAPS:
             continue
         for shape in SHAPES:
+            if shape == "docker-t" and case.name in DOCKER_T_GAPS:
+                continue
             out.append(pytest.param(case, shape, id=f"{case.parent.name}/{case.name}-{shape}"))
     return out
 
@@ -271,7 +285,7 @@ def _merged_case_params() -> list[Any]:
     return [
         pytest.param(c, id=f"{c.parent.name}/{c.name}")
         for c in [*CASE_DIRS, *REPORT_DIRS]
-        if c.name not in KNOWN_GAPS and not _WRAPPED.search(_case_text(c))
+        if c.name not in KNOWN_GAPS and c.name not in DOCKER_T_GAPS and not _WRAPPED.search(_case_text(c))
     ]
 
 

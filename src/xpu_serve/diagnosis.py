@@ -109,6 +109,8 @@ class Analyzer(EvidenceStore):
             # (its header and frame line cut off) opens a traceback there (see Classifier.ingest)
             # "ray::": Ray's task-error header, which opens a traceback like CPython's (analysis/traceback.py)
             ("Traceback (most recent call last)", "what():", "|CCL_", 'File "', " NCCL WARN ", "^^^", "ray::")
+            # a context row the classifier acts on: a GPU driver's record naming a fault's process
+            + self.table.by_id[self._row["kernel_task_info"]].keywords
         )
         self._ac: Any = self.table.trigger_automaton(triggers, skip_roles=("context",))
         self._triggers = tuple(self.table.trigger_keywords(triggers, skip_roles=("context",)))

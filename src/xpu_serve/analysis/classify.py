@@ -28,11 +28,28 @@ if TYPE_CHECKING:
     from xpu_serve.diagnosis import Analyzer
 
 # the innermost frame of an exception raised by vLLM's command-line parsing or config checks:
-# FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py) and the
+# FlexibleArgumentParser.parse_args (vllm/utils), EngineArgs (vllm/engine/arg_utils.py), the
 # config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
+# and the model registry's check of the checkpoint's architectures
+# (vllm/model_executor/models/registry.py _ModelRegistry._raise_for_unsupported: ValueError
+# "Model architectures [...] are not supported for now" / "failed to be inspected")
 _CONFIG_FRAME_RE = re.compile(
     r'File "[^"]*(?:", line \d+, in parse_args$|/arg_utils\.py", line \d+, in |'
-    r'/config(?:\.py|/\w+\.py)", line \d+, in (?:__post_init__|_?verify\w*|__init__)$)'
+    r'/config(?:\.py|/\w+\.py)", line \d+, in (?:__post_init__|_?verify\w*|__init__)$|'
+    r'/models/registry\.py", line \d+, in _raise_for_unsupported$)'
+)
+# how far (lines of the same file) a GPU driver's task-info record may follow its fault record
+_TASK_INFO_LINES = 8
+# the innermost frame of an exception raised while a GPU kernel was built or JIT-compiled for the
+# device: AITER (aiter/jit/core.py build_module, aiter/jit/utils/chip_info.py,
+# aiter_meta/csrc/cpp_itfs/utils.py compile_template_op -> validate_and_update_archs), PyTorch's
+# torch/utils/cpp_extension.py (load, _get_rocm_arch_flags / _get_cuda_arch_flags), Triton's
+# triton/compiler/ and triton/backends/, FlashInfer's flashinfer/jit/. Such an error ("GPU arch
+# gfx1201 is not supported") is the kernel library's build failing on this device, not an option
+# vLLM rejected: a process exception, as an "invalid device function" / "no kernel image" is.
+_BUILD_FRAME_RE = re.compile(
+    r'File "[^"]*/(?:aiter/jit/|aiter_meta/csrc/cpp_itfs/|torch/utils/cpp_extension\.py"|'
+    r"triton/(?:compiler|backends)/|flashinfer/jit/)"
 )
 _KEPT_ROLES = frozenset({"root", "precursor", "consequence"})  # roles kept as evidence
 _QUIET_LEVELS = frozenset({"INFO", "WARNING", "WARN", "DEBUG"})
@@ -54,6 +71,12 @@ _USER_TEXT_RE = re.compile(
 _REQUEST_HANDLER_LOC_RE = re.compile(r"serving(?:_\w+)?\.py:")
 
 
+def _device(ev: Event) -> str | None:
+    """The PCI device a kernel record names (events.kernel_message_info), or None."""
+    d = ev.extra.get("device")
+    return str(d) if d else None
+
+
 class Classifier:
     """Classifies the parsed lines and facts of one Analyzer (`st`, its evidence store) and keeps
     what they are evidence of; owns the traceback, crash-dump and copy bookkeeping."""
@@ -70,6 +93,8 @@ class Classifier:
         self.last_kernel: dict[str, tuple[int, Event]] = {}
         self._last_terminate: dict[str, tuple[int, Event]] = {}
         self._last_coredump: dict[str, tuple[int, Event]] = {}
+        # the latest kernel root of each (file, device): a task-info record after it names its process
+        self._last_gpu_root: dict[tuple[str, str | None], tuple[int, Event]] = {}
         self.dumps = CrashDumps()
         self.dups = Dedup()
         self.heads = MessageHeads(self, _REQUEST_HANDLER_LOC_RE, _CONFIG_FRAME_RE)
@@ -87,6 +112,7 @@ class Classifier:
             self.last_kernel,
             self._last_terminate,
             self._last_coredump,
+            self._last_gpu_root,
             self.tracker.streams,
             self.tracker.last_frame,
             self.heads.heads,
@@ -130,6 +156,8 @@ class Classifier:
                 ev.group = got.group
                 self.heads.read(got.group, head, in_tb)
                 self._task_pid(ev, got.group)
+                if not in_tb and ev.text.lstrip().startswith('File "'):
+                    self.heads.frame(got.group, ev)
         res = self._classify(ev, in_tb, file, lineno)
         if res is None:
             return None
@@ -216,6 +244,8 @@ class Classifier:
             self.st.note_milestone(ev, sig, gd)
             return sig
         if role == "context":
+            if sig.id == self._row["kernel_task_info"]:
+                self._task_info(ev, file, lineno)
             if sig.phase == "serving":
                 self.st.ready = True
             return sig
@@ -269,12 +299,8 @@ class Classifier:
         if self.st.dedup and sig.role in _KEPT_ROLES and self.dups.duplicate(ev, file):
             return None
         ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
-        if generic and ev.group is not None:
-            frame = self._tb_last_frame.get(ev.group)
-            if frame is not None and _CONFIG_FRAME_RE.search(frame):
-                # raised while vLLM parsed its command line or checked its configuration
-                ev.cause = "config-error"
-                ev.extra["config_frame"] = frame
+        if ev.group is not None:
+            sig = self._by_innermost_frame(ev, sig, generic)
         gd = mt.groupdict()
         for k, v in gd.items():
             if v is not None:
@@ -282,6 +308,25 @@ class Classifier:
         if ev.rank is None and gd.get("rank"):
             ev.rank = int(gd["rank"])
         return sig, gd
+
+    def _by_innermost_frame(self, ev: Event, sig: Signature, generic: bool) -> Signature:
+        """The row (and `ev`'s cause) of an exception line as its traceback's innermost frame
+        decides: a generic exception raised by vLLM's argument parsing or config checks is a
+        config error (_CONFIG_FRAME_RE); a config error raised inside a GPU kernel build is that
+        build's failure, a generic exception (_BUILD_FRAME_RE)."""
+        frame = self._tb_last_frame.get(ev.group) if ev.group is not None else None
+        if frame is None:
+            return sig
+        if generic and _CONFIG_FRAME_RE.search(frame):
+            # raised while vLLM parsed its command line or checked its configuration
+            ev.cause = "config-error"
+            ev.extra["config_frame"] = frame
+        elif ev.cause == "config-error" and _BUILD_FRAME_RE.search(frame):
+            # a kernel build's check of the device failed: the exception, not a rejected option
+            sig = self.table.by_id[self._row["generic_exception"]]
+            ev.signature, ev.role, ev.cause = sig.id, sig.role, sig.cause
+            ev.extra["build_frame"] = frame
+        return sig
 
     def _subsume_generic(self, group: int) -> None:
         """A specific row matched in traceback `group`: its generic exception line is subsumed."""
@@ -304,6 +349,8 @@ class Classifier:
             if cd is not None and lineno - cd[0] < 400 and ev.pid is None:
                 ev.pid = int(str(cd[1].extra.get("pid")))
                 ev.process = str(cd[1].extra.get("comm") or "") or None
+        if ev.source == "kernel" and sig.cause == "gpu-fault":
+            self._last_gpu_root[(file, _device(ev))] = (lineno, ev)
         if sig.id == self._row["hang_fact"]:
             self.st.facts_hang = ev
         elif sig.id in self._set["signal_dumps"]:
@@ -319,6 +366,20 @@ class Classifier:
             if ev.group in self._group_specific:
                 ev.extra["subsumed"] = True
             self._pyexc_by_group.setdefault(ev.group, []).append(ev)
+
+    def _task_info(self, ev: Event, file: str, lineno: int) -> None:
+        """A GPU driver's record naming the process (`comm`, `pid` groups) of its fault record
+        before it: that record of the same device (and file), at most _TASK_INFO_LINES lines
+        back (other programs' lines interleave in a journal), gets the pid and comm when it has
+        none. Source of the layouts: the amdgpu-task-info row of data/signatures.yaml."""
+        got = self._last_gpu_root.get((file, _device(ev)))
+        pid = ev.extra.get("pid")
+        if got is None or not pid or lineno - got[0] > _TASK_INFO_LINES:
+            return
+        root = got[1]
+        if root.pid is None and not root.extra.get("pid"):
+            root.pid = int(str(pid))
+            root.process = str(ev.extra.get("comm") or "") or None
 
     def _before_restart(self, ev: Event, file: str) -> bool:
         """True for a kernel record read from another file than the one vLLM restarted in whose

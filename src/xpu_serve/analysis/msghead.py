@@ -8,6 +8,12 @@ what was raised (analysis/traceback.py is_message_head). It counts only during s
 when nothing else names a failure or detects a hang: once the engine serves, a logged error with
 a traceback may be one request's, or the detection of a hang (V0's "Engine background task
 failed" after an iteration timeout).
+
+A traceback cut before its exception line with no message record before it (a paste that starts
+and ends inside the frames) says what was raised only by its innermost frame: when that frame is
+a config check (vLLM's argument parsing, config checks, the model registry's check of the
+architectures; classify.py _CONFIG_FRAME_RE), the frame stands for a config error, on the same
+terms (nothing else names a failure or a hang).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from xpu_serve.analysis.traceback import is_message_head
+from xpu_serve.analysis.traceback import TbState, is_message_head
 from xpu_serve.events import Event, parse_line
 
 if TYPE_CHECKING:
@@ -31,6 +37,7 @@ class MessageHeads:
     def __init__(self, cls: Classifier, request_handler_loc: re.Pattern[str], config_frame: re.Pattern[str]):
         self.cls, self._request_loc, self._config_frame = cls, request_handler_loc, config_frame
         self.heads: dict[int, Event] = {}
+        self.frames: dict[int, Event] = {}  # traceback group -> its latest frame line's record
 
     def before(self, header: Event, file: str, lineno: int) -> Event | None:
         """The message record right before the traceback `header` opens, when no row classified
@@ -60,16 +67,37 @@ class MessageHeads:
         elif in_tb:
             self.heads.pop(group, None)
 
+    def frame(self, group: int, ev: Event) -> None:
+        """A frame line (`File "...", line N, in fn`) of traceback `group`: its latest one."""
+        self.frames[group] = ev
+        if len(self.frames) > _MAX_OPEN:
+            del self.frames[next(iter(self.frames))]
+
+    def _cut_in_config_check(self) -> list[tuple[int, Event]]:
+        """(group, innermost frame) of each traceback still open at the end of the input, cut
+        before its exception line, whose innermost frame is a config check (the classifier's
+        config-frame pattern: vLLM's argument parsing, config checks, model registry)."""
+        out = []
+        for stream in self.cls.tracker.streams.values():
+            fev = self.frames.get(stream.group)
+            if stream.state is TbState.EXCEPTION or stream.group in self.heads or fev is None:
+                continue
+            if self._config_frame.search(fev.text.strip()):
+                out.append((stream.group, fev))
+        return out
+
     def flush(self) -> None:
         """Before the verdict: each remembered message becomes a generic-exception root (a config
-        error when its traceback's last frame is a config check), unless something else names a
-        failure or a hang."""
+        error when its traceback's last frame is a config check); without one, a traceback cut
+        inside a config check becomes a config-error root at its innermost frame; neither when
+        something else names a failure or a hang."""
         st, cls = self.cls.st, self.cls
-        if st.roots or any(st.table.by_id[sid].cause in _HANG_CAUSES for sid in st.precursors) or any(
-            g.sig.cause in _HANG_CAUSES for g in st.groups.values()
-        ):
+        named = bool(st.roots) or any(st.table.by_id[sid].cause in _HANG_CAUSES for sid in st.precursors)
+        if named or any(g.sig.cause in _HANG_CAUSES for g in st.groups.values()):
             self.heads.clear()
+            self.frames.clear()
         sig = st.table.by_id[st._row["generic_exception"]]
+        cut = [] if self.heads else self._cut_in_config_check()
         for group, ev in self.heads.items():
             ev.signature, ev.role, ev.cause, ev.group = sig.id, sig.role, sig.cause, group
             ev.extra["_order"] = group
@@ -77,4 +105,11 @@ class MessageHeads:
             if frame is not None and self._config_frame.search(frame):
                 ev.cause = "config-error"
             cls._root(ev, sig, ev.file or "", ev.line or 0)
+        for group, fev in cut:
+            # the frame stands for the exception its cut traceback was raising
+            fev.signature, fev.role, fev.cause, fev.group = sig.id, sig.role, "config-error", group
+            fev.extra["_order"] = group
+            fev.extra["config_frame"] = fev.text.strip()
+            cls._root(fev, sig, fev.file or "", fev.line or 0)
         self.heads.clear()
+        self.frames.clear()

@@ -63,6 +63,7 @@ ROW_PARTS = (
     "uncaught_cxx",
     "coredump",
     "coredump_frame",
+    "kernel_task_info",
     "live_death",
 )
 SET_NAMES = (
