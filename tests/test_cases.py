@@ -32,6 +32,18 @@ def run_case(case: Path) -> dict:
     return got
 
 
+def diagnose_text(*files: Path) -> str:
+    """The one-screen report of a real `xpu-serve diagnose FILE...` (which must exit 0, silent on stderr)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_serve", "diagnose", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return out.stdout
+
+
 CONTRACT_KEYS = {"cause", "summary", "root", "consequences", "timeline", "hang", "library", "notes"}
 
 

@@ -4,11 +4,9 @@ rank's oneCCL teardown burst, one process's burst of lines of one kind. Real cas
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.test_cases import run_case
+from tests.test_cases import diagnose_text, run_case
 
 CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
 
@@ -19,14 +17,7 @@ def counts(got: dict) -> dict[tuple[str, str | None, int | None], tuple[int, int
 
 
 def report(*files: Path) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "xpu_serve", "diagnose", *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0 and out.stderr == "", out.stderr
-    return out.stdout
+    return diagnose_text(*files)
 
 
 def test_three_ranks_ccl_teardown_are_three_events() -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.test_cases import run_case
+from tests.test_cases import diagnose_text, run_case
 from xpu_serve.analysis.clock import Clock
 from xpu_serve.events import parse_line
 
@@ -19,14 +17,7 @@ WITH_YEAR = re.compile(r"2026-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{3})?")
 
 
 def timeline_rows(*files: Path) -> list[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "xpu_serve", "diagnose", *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0 and out.stderr == "", out.stderr
-    lines = out.stdout.splitlines()
+    lines = diagnose_text(*files).splitlines()
     rows = lines[lines.index("TIMELINE:") + 1 :]
     return rows[: rows.index("")]
 

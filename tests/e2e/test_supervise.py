@@ -8,6 +8,7 @@ process carrying its run id, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -416,17 +418,28 @@ def test_api_server_sigkill_trigger_names_the_api_server(up_factory: Any, attemp
     assert f["process"] == "APIServer" and f["pid"] == api and f["signal"] == "SIGKILL", f
 
 
+@contextlib.contextmanager
+def _runtime_on_tmpfs(u: Any, size: str) -> Iterator[None]:
+    """`u`'s runtime directory on a real tmpfs of `size` (root only; the test is skipped where
+    mount is not permitted); at the end its tree is killed and the tmpfs lazily unmounted."""
+    u.runtime.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(u.runtime)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        u.kill_all()
+        subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
+
+
 def test_full_runtime_disk_keeps_state_json_current(up_factory: Any, xpu_serve_cmd: list[str]) -> None:
     """Runtime dir on a real 2 MB tmpfs, filled up: state.json still follows the supervisor
     (incarnation 2 ready), and `status` does not call it stale."""
     from .test_supervise_parts import fill_disk
 
     u = up_factory()
-    u.runtime.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(u.runtime)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with _runtime_on_tmpfs(u, "2m"):
         u.start(env={"XPU_SERVE_STATE_HEARTBEAT_S": "0.5"})
         st = u.wait_tree(1)
         fill_disk(u.runtime)
@@ -447,9 +460,6 @@ def test_full_runtime_disk_keeps_state_json_current(up_factory: Any, xpu_serve_c
         u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         assert u.exit_code() == 0
         assert u.state()["state"] == "stopped"
-    finally:
-        u.kill_all()
-        subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
 
 
 def test_bundle_cut_by_a_full_disk_is_written_again_once_the_disk_has_room(up_factory: Any) -> None:
@@ -460,11 +470,7 @@ def test_bundle_cut_by_a_full_disk_is_written_again_once_the_disk_has_room(up_fa
     from .test_supervise_parts import fill_disk
 
     u = up_factory()
-    u.runtime.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(u.runtime)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with _runtime_on_tmpfs(u, "16m"):
         u.start(env={"XPU_SERVE_STATE_HEARTBEAT_S": "0.5"})
         st = u.wait_tree(1)
         fill_disk(u.runtime)
@@ -491,9 +497,6 @@ def test_bundle_cut_by_a_full_disk_is_written_again_once_the_disk_has_room(up_fa
         assert not (u.runtime / "logs" / "1" / "incident-pending.json").exists()
         u.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         assert u.exit_code() == 0
-    finally:
-        u.kill_all()
-        subprocess.run(["umount", "-l", str(u.runtime)], capture_output=True)
 
 
 def test_early_sigusr1_and_sighup_do_not_kill_the_supervisor(up_factory: Any) -> None:
