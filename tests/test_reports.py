@@ -48,13 +48,10 @@ KNOWN_GAPS: dict[str, str] = {
         "is engine-hang)"
     ),
     # batch 14 (first run, before its fixes): the expected verdict and what the analysis said
-    "ascend-enginecore-alloc-device-memory-failed-207001-hard-wrapped-then-output-handler": "batch 14a first run: expected device-oom, got unknown (not yet read generally)",
     "enginecore-exited-unexpectedly-mpclient-shutdown-sequence-worker-parent-exited-310p": "batch 14a first run: expected process-crash, got unknown (not yet read generally)",
     "grep-filename-prefix-nccl-warn-net-ib-port-error-then-workerproc-exception-head": "batch 14a first run: expected collective-failure, got unknown (not yet read generally)",
     "helm-stack-traceback-tail-no-supported-config-format-qwen-valueerror": "batch 14a first run: expected config-error, got process-exception (not yet read generally)",
     "ipex-llm-xpu-tp-startup-hang-keyboardinterrupt-traceback-shell-prompt-leaked-semaphore": "batch 14a first run: expected startup-hang, got unknown (not yet read generally)",
-    "nvrm-gsp-heartbeat-timed-out-journal-k-no-hostname-indented-5-spaces": "batch 14a first run: expected gpu-fault, got unknown (not yet read generally)",
-    "umd-segfault-core-stack-libhsa-runtime64-padded-lines-fault-arrow-mi355x": "batch 14a first run: expected umd-segfault, got unknown (not yet read generally)",
     "llama-swap-compose-llama-server-flash-attn-bad-value-usage-exit-1": "batch 14b first run: expected config-error, got unknown (not yet read generally)",
     "llamacpp-server-systemd-unit-oom-kill-prompt-save-3090": "batch 14b first run: expected host-oom, got unknown (not yet read generally)",
     "neuron-nrt-tensor-allocate-allocation-failure-v0-mqllmengine-spawnprocess": "batch 14b first run: expected device-oom, got process-exception (not yet read generally)",

@@ -226,6 +226,9 @@ def test_cli_reports_a_bad_packaged_row_in_one_line(tmp_path) -> None:  # type: 
         ('Thread 1 "python3" received signal SIGSEGV, Segmentation fault.', "gdb-signal-received", "SIGSEGV"),
         ("Program terminated with signal SIGSEGV, Segmentation fault.", "gdb-signal-received", "SIGSEGV"),
         ("Program received signal SIGABRT, Aborted.", "gdb-signal-received", "SIGABRT"),
+        # the same reports nested in a markdown list item, every line indented (ROCm/rocm-systems#8517)
+        ("  Program terminated with signal SIGSEGV, Segmentation fault.", "gdb-signal-received", "SIGSEGV"),
+        ('    Thread 1 "clinfo" received signal SIGSEGV, Segmentation fault.', "gdb-signal-received", "SIGSEGV"),
         # abseil/glog failure handler (Ray workers) and UCX's error handler
         ("*** SIGSEGV received at time=1722289279 on cpu 61 ***", "failure-signal-handler", "SIGSEGV"),
         (
