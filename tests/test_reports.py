@@ -55,9 +55,6 @@ KNOWN_GAPS: dict[str, str] = {
     "ipex-llm-xpu-tp-startup-hang-keyboardinterrupt-traceback-shell-prompt-leaked-semaphore": "batch 14a first run: expected startup-hang, got unknown (not yet read generally)",
     "nvrm-gsp-heartbeat-timed-out-journal-k-no-hostname-indented-5-spaces": "batch 14a first run: expected gpu-fault, got unknown (not yet read generally)",
     "umd-segfault-core-stack-libhsa-runtime64-padded-lines-fault-arrow-mi355x": "batch 14a first run: expected umd-segfault, got unknown (not yet read generally)",
-    "nvrm-xid119-gsp-rpc-timeout-quoted-in-gpud-scan-output-python": "batch 14b first run: expected gpu-fault, got unknown (not yet read generally)",
-    "ray-glog-sigsegv-received-fatal-python-segfault-thread-dump-driver": "batch 14b first run: process-crash as expected, but no root pid: the pid is in Ray's glog prefix `[stamp E pid tid]`, not read",
-    "ray-workerdict-nccl-shm-attach-failed-driver-traceback-verl-dual-gpu": "batch 14b first run: expected collective-failure, got unknown (not yet read generally)",
 }
 
 
