@@ -530,6 +530,19 @@ def test_nccl_warn_with_source_location_and_timestamp() -> None:
     assert (ev.source, ev.level, ev.extra["device_index"]) == ("ccl", "NCCL_INFO", 0)
 
 
+
+def test_nccl_line_under_a_process_prefix_keeps_its_level_and_pid() -> None:
+    # Ray prints an actor's stdout as "(Actor pid=N) ..." and vLLM's multiproc executor its
+    # workers' as "(VllmWorker rank=R pid=N) ..."; NCCL's record stays NCCL's under either
+    ev = parse_line(
+        "(WorkerDict pid=30332) [2025-09-18 23:23:41] host1:30332:30423 [0] misc/shmutils.cc:129 NCCL WARN "
+        "Error while attaching to shared memory segment /dev/shm/nccl-x (size 0), error: No such file or directory (2)"
+    )
+    assert (ev.source, ev.level, ev.pid, ev.process) == ("ccl", "NCCL_WARN", 30332, "WorkerDict")
+    assert ev.text.startswith("Error while attaching") and ev.time is not None and ev.time.minute == 23
+    ev = parse_line("(VllmWorker rank=1 pid=4242) a100-8:4242:4242 [1] NCCL INFO transport/shm.cc:634 -> 2")
+    assert (ev.source, ev.level, ev.pid, ev.extra["device_index"]) == ("ccl", "NCCL_INFO", 4242, 1)
+
 def test_freebsd_drm_kmod_records_are_kernel() -> None:
     ev = parse_line("[drm ERROR :amdgpu_job_timedout] ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3")
     assert ev.source == "kernel" and "ring gfx_0.0.0 timeout" in ev.text
@@ -672,3 +685,26 @@ def test_sglang_prefix_without_ranks_stays_text() -> None:
 def test_sglang_prefix_over_a_torch_rank_record() -> None:
     ev = parse_line("[2025-04-03 20:06:34 TP1] [rank1]: RuntimeError: NCCL Error 2: unhandled system error")
     assert (ev.source, ev.rank, ev.text) == ("vllm", 1, "RuntimeError: NCCL Error 2: unhandled system error")
+
+
+def test_kernel_message_quoted_whole_by_a_scanning_tool_is_kernel() -> None:
+    # gpud's dmesg scan prints each hit as '[XID found] (<age>) "<kernel message>"'
+    ev = parse_line(
+        '[XID found] (54 minutes ago) "NVRM: Xid (PCI:0000:9b:00): 119, pid=4071838, name=python, '
+        'Timeout after 45s of waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL)."'
+    )
+    assert (ev.source, ev.pid) == ("kernel", 4071838) and ev.text.startswith("NVRM: Xid (PCI:0000:9b:00): 119")
+    # quoted text that is not a kernel message, or two quotes, stay the line's own text
+    assert parse_line('[check] (1 minute ago) "model loaded in 4.2s"').source == "text"
+    assert parse_line('[scan] "NVRM: Xid (PCI:0000:9b:00): 13" and "x"').source == "text"
+
+
+def test_ray_cpp_log_prefix_gives_pid_level_stamp_and_location() -> None:
+    # Ray's C++ logger (raylet, core worker, a driver's stderr): "[stamp,ms L pid tid] file.cc:N: msg"
+    ev = parse_line(
+        "[2024-08-16 10:13:39,938 E 191503 196608] logging.cc:440: *** SIGABRT received at time=1723774419 on cpu 41 ***"
+    )
+    assert (ev.pid, ev.level, ev.code_location) == (191503, "ERROR", "logging.cc:440")
+    assert ev.text.startswith("*** SIGABRT received") and ev.time is not None and ev.time.second == 39
+    ev = parse_line("[2024-02-27 18:08:15,439 I 73667 73670] core_worker.cc:215: Constructing CoreWorker")
+    assert (ev.pid, ev.level, ev.text) == (73667, "INFO", "Constructing CoreWorker")

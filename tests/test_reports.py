@@ -52,15 +52,6 @@ KNOWN_GAPS: dict[str, str] = {
     "grep-filename-prefix-nccl-warn-net-ib-port-error-then-workerproc-exception-head": "batch 14a first run: expected collective-failure, got unknown (not yet read generally)",
     "helm-stack-traceback-tail-no-supported-config-format-qwen-valueerror": "batch 14a first run: expected config-error, got process-exception (not yet read generally)",
     "ipex-llm-xpu-tp-startup-hang-keyboardinterrupt-traceback-shell-prompt-leaked-semaphore": "batch 14a first run: expected startup-hang, got unknown (not yet read generally)",
-    "llama-swap-compose-llama-server-flash-attn-bad-value-usage-exit-1": "batch 14b first run: expected config-error, got unknown (not yet read generally)",
-    "llamacpp-server-systemd-unit-oom-kill-prompt-save-3090": "batch 14b first run: expected host-oom, got unknown (not yet read generally)",
-    "neuron-nrt-tensor-allocate-allocation-failure-v0-mqllmengine-spawnprocess": "batch 14b first run: expected device-oom, got process-exception (not yet read generally)",
-    "nvrm-xid119-gsp-rpc-timeout-quoted-in-gpud-scan-output-python": "batch 14b first run: expected gpu-fault, got unknown (not yet read generally)",
-    "ray-glog-sigsegv-received-fatal-python-segfault-thread-dump-driver": "batch 14b first run: process-crash as expected, but no root pid: the pid is in Ray's glog prefix `[stamp E pid tid]`, not read",
-    "ray-workerdict-nccl-shm-attach-failed-driver-traceback-verl-dual-gpu": "batch 14b first run: expected collective-failure, got unknown (not yet read generally)",
-    "synapse-graph-compile-failed-glue-failed-tpc-kernel-gaudi2-hl-logger": "batch 14b first run: expected process-exception, got unknown (not yet read generally)",
-    "tgi-gaudi-debug-launcher-graph-compile-failed-generate-token-h2-noise": "batch 14b first run: expected process-exception, got unknown (not yet read generally)",
-    "tpu-enginecore-dp0-resource-exhausted-hbm0-offload-gather-blocks": "batch 14b first run: expected device-oom, got process-exception (not yet read generally)",
 }
 
 

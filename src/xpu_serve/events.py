@@ -176,6 +176,13 @@ _USERSPACE_PREFIX_RE = re.compile(
 _ANCHOR_MAX = 200  # characters of prefix searched for an anchor
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][\w.-]*)\s*\| ")
 _TORCH_RANK_RE = re.compile(r"(?:\[\d+\] )?\[rank(\d+)\]: ?")
+# Ray's C++ log prefix (src/ray/util/logging.cc, spdlog pattern "[%Y-%m-%d %H:%M:%S,%e %L %P %t]"):
+# "[2024-02-27 18:08:15,439 E 73667 73667] logging.cc:361: msg" - stamp, level letter, pid, tid,
+# then the source location; raylet, GCS and core-worker logs and a driver's stderr
+_RAY_CPP_RE = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ([DIWEC]) (\d+) \d+\] (?:([\w.-]+\.\w+:\d+): )?"
+)
+_RAY_LEVELS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
 # NCCL's debug lines (src/debug.cc, ncclDebugLog): "host:pid:tid [cudaDev] NCCL INFO msg"; WARN lines
 # carry "file.cc:line " before "NCCL", and NCCL_DEBUG_TIMESTAMP_FORMAT (2.23+) puts "[%F %T] " first
 _NCCL_RE = re.compile(
@@ -913,7 +920,7 @@ def _digit_record(ln: _Line, name: str | None, pid: int | None) -> Event | None:
 
 
 def _bracket_record(ln: _Line, name: str | None, pid: int | None) -> Event | None:
-    """torch's "[rankN]:" prefix, or a dmesg header ("[ 123.456]", "[Mon Mar 26 ...]")."""
+    """torch's "[rankN]:" prefix, Ray's C++ log prefix, or a dmesg header ("[ 123.456]", "[Mon Mar 26 ...]")."""
     text = ln.text
     if text.startswith("[rank") or (len(text) > 3 and text[1].isdigit() and "[rank" in text[:16]):
         m = _TORCH_RANK_RE.match(text)
@@ -931,6 +938,22 @@ def _bracket_record(ln: _Line, name: str | None, pid: int | None) -> Event | Non
                 time=ln.wrap_dt,
                 level="ERROR" if text[m.end() : m.end() + 3] == "[E " else None,
             )
+    if text[1:3].isdigit():
+        m = _RAY_CPP_RE.match(text)
+        if m:
+            return Event(
+                source="vllm",
+                text=text[m.end() :],
+                raw=ln.raw,
+                process=name,
+                pid=int(m.group(4)),
+                level=_RAY_LEVELS[m.group(3)],
+                file=ln.file,
+                line=ln.lineno,
+                time_text=f"{m.group(1)},{m.group(2)}",
+                time=_parse_iso(m.group(1).replace(" ", "T")),
+                code_location=m.group(5),
+            )
     if name is None and (_DMESG_RE.match(text) or _DMESG_T_RE.match(text)):
         ev = parse_kernel_record(text)
         if ev is not None:
@@ -939,10 +962,12 @@ def _bracket_record(ln: _Line, name: str | None, pid: int | None) -> Event | Non
 
 
 def _tail_record(ln: _Line, name: str | None, pid: int | None) -> Event:
-    """NCCL's "host:pid:tid [dev] NCCL WARN ...", a vLLM prefix after other output, a kernel
-    record without its stamp or after an unknown prefix, else plain text."""
+    """NCCL's "host:pid:tid [dev] NCCL WARN ..." (bare, or under a Ray actor's or vLLM worker's
+    "(Name pid=N)" prefix: the process keeps the prefix's name, the pid is NCCL's own), a vLLM
+    prefix after other output, a kernel record without its stamp or after an unknown prefix,
+    else plain text."""
     text = ln.text
-    if name is None and " NCCL " in text:
+    if " NCCL " in text:
         m = _NCCL_RE.match(text)
         if m:
             nt = m.group(1)
@@ -950,6 +975,7 @@ def _tail_record(ln: _Line, name: str | None, pid: int | None) -> Event:
                 source="ccl",
                 text=text[m.end() :],
                 raw=ln.raw,
+                process=name,
                 pid=int(m.group(3)),
                 level="NCCL_" + m.group(6),
                 file=ln.file,
@@ -987,12 +1013,31 @@ def _kernel_tail(ln: _Line, text: str) -> Event | None:
         kt = text.lstrip() if text[:1] in (" ", "\t") else text
         if _KERNEL_MSG_RE.match(kt):
             return _at(_kernel_event(kt, ln.raw, time_text=None), ln)
+        ev = _quoted_kernel_message(ln, text)
+        if ev is not None:
+            return ev
     ev = _kernel_after_prefix(text, ln.raw)
     if ev is not None:
         _at(ev, ln)
         if ev.time is None and ln.wrap_time is not None:
             ev.time_text, ev.time = ln.wrap_time, ln.wrap_dt
     return ev
+
+
+
+def _quoted_kernel_message(ln: _Line, text: str) -> Event | None:
+    """A kernel message a scanning tool quotes whole at the end of its own line, e.g. gpud's
+    dmesg scan ('[XID found] (54 minutes ago) "NVRM: Xid (PCI:0000:9b:00): 119, pid=N, ..."',
+    leptonai/gpud pkg/kmsg scan output): the quoted text is the record, the prefix is the tool's;
+    None when the line does not end in a quote, the quoted text is not a kernel message or the
+    prefix is a user-space logger's."""
+    q = text.find(' "')
+    if q <= 0 or not text.endswith('"') or len(text) - q < 12:
+        return None
+    inner = text[q + 2 : -1]
+    if '"' in inner or not _KERNEL_MSG_RE.match(inner) or _USERSPACE_PREFIX_RE.search(text, 0, q):
+        return None
+    return _at(_kernel_event(inner, ln.raw, time_text=None), ln)
 
 
 # A second record glued to the end of another on one pasted line (a terminal that lost the newline,
