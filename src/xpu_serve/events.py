@@ -1013,16 +1013,15 @@ def _kernel_tail(ln: _Line, text: str) -> Event | None:
         kt = text.lstrip() if text[:1] in (" ", "\t") else text
         if _KERNEL_MSG_RE.match(kt):
             return _at(_kernel_event(kt, ln.raw, time_text=None), ln)
-        ev = _quoted_kernel_message(ln, text)
-        if ev is not None:
-            return ev
+    ev = _quoted_kernel_message(ln, text)  # (also behind a shipper's stamp: the quote has none)
+    if ev is not None:
+        return ev
     ev = _kernel_after_prefix(text, ln.raw)
     if ev is not None:
         _at(ev, ln)
         if ev.time is None and ln.wrap_time is not None:
             ev.time_text, ev.time = ln.wrap_time, ln.wrap_dt
     return ev
-
 
 
 def _quoted_kernel_message(ln: _Line, text: str) -> Event | None:
