@@ -79,7 +79,8 @@ def npd_data() -> dict[str, Any]:
 def single_line(pattern: str) -> str:
     """`pattern` with every construct that can match a newline confined to one line: a negated
     class `[^...]` gets `\\n` added, `\\s`, `\\W`, `\\D` outside a class become classes without
-    `\\n`. NPDError for what cannot be confined (`(?s)`, those escapes inside a positive class)."""
+    `\\n`; `^` outside a class becomes `(?m:^)` (a line's start in NPD's buffer of several
+    lines). NPDError for what cannot be confined (`(?s)`, those escapes inside a positive class)."""
     if "(?s" in pattern:
         raise NPDError("the pattern uses (?s): `.` would match a newline")
     out: list[str] = []
@@ -101,6 +102,9 @@ def single_line(pattern: str) -> str:
         if in_class:
             in_class = ch != "]"
             out.append(ch)
+            continue
+        if ch == "^":  # a line's start: NPD's buffer holds several lines
+            out.append("(?m:^)")
             continue
         if ch != "[":
             out.append(ch)
