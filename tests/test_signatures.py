@@ -839,3 +839,63 @@ def test_ggml_abort_v0_shm_wait_and_watchdog_report_shapes(line: str, row: str |
     assert (got[0].cause if got else None) == cause
     if row == "pg-watchdog-work-report":
         assert got is not None and (ev.rank is not None or got[1].group("rank") is not None)
+
+
+@pytest.mark.parametrize(
+    "line, row, group",
+    [
+        # NCCL's CUDACHECK with the error code (src/include/checks.h; NCCL's ncclCuMemAlloc in
+        # include/alloc.h), as a public run log quotes it: the CUDA failure NCCL carries is the root
+        (
+            "include/alloc.h:320 (ncclCuMemAlloc) NCCL WARN Cuda failure 2 'out of memory'",
+            "torch-out-of-memory",
+            None,
+        ),
+        # Ray's memory monitor names the killed task's worker pid (ray-project/ray#30312)
+        (
+            "Memory on the node (IP: 172.17.0.2, ID: 8c5a1410013588601db2a6344fa1e07476f4378155083682818ebb94) "
+            "where the task (task ID: 41617bc740ae9ca27726b37f8578c02f4cf1698d01000000, name=allocate_memory, "
+            "pid=548, memory used=12.18GB) was running was 21.91GB / 33.28GB (0.658192), which exceeds the "
+            "memory usage threshold of 0.65. Ray killed this worker (ID: 0f7695fad1848c8703eb36240efa3a80cb82ea43206919f4",
+            "ray-memory-monitor-kill",
+            ("pid", "548"),
+        ),
+        # PyTorch's dispatcher error inside vLLM's wrappers (vllm-project/vllm#13075, #15044 as a repr)
+        (
+            "NotImplementedError: Error in model execution (input dumped to /tmp/err_execute_model_input_20250211-"
+            "140137.pkl): Could not run '_C::rms_norm' with arguments from the 'CUDA' backend. This could be because "
+            "the operator doesn't exist for this backend, or was omitted during the selective/custom build process "
+            "(if using custom build).",
+            "torch-op-missing-for-backend",
+            ("op", "_C::rms_norm"),
+        ),
+        (
+            "ERROR 03-18 22:29:46 [engine.py:158] NotImplementedError(\"Could not run "
+            "'vllm::apply_w8a8_block_fp8_linear' with arguments from the 'CPU' backend. This could be because the "
+            "operator doesn't exist for this backend",
+            "torch-op-missing-for-backend",
+            ("backend", "CPU"),
+        ),
+        # Ray compiled graph's channel timeout (ray/exceptions.py RayChannelTimeoutError), as raised
+        (
+            "ray.exceptions.RayChannelTimeoutError: System error: If the execution is expected to take a long time, "
+            "increase RAY_CGRAPH_get_timeout which is currently 10 seconds. Otherwise, this may indicate that the "
+            "execution is hanging.",
+            "ray-cgraph-channel-timeout",
+            None,
+        ),
+        # ... but prose naming it is not the exception line (vllm-project/vllm#15102's first line)
+        (
+            "Then I got the RayChannelTimeoutError in Ray module within the call `execute_model` to run ray dag.",
+            None,
+            None,
+        ),
+    ],
+)
+def test_quoted_cuda_oom_ray_kill_dispatcher_and_cgraph_timeout_shapes(
+    line: str, row: str | None, group: tuple[str, str] | None
+) -> None:
+    got = TABLE.match(parse_line(line), in_traceback=False)
+    assert (got[0].id if got else None) == row, line
+    if group is not None:
+        assert got is not None and got[1].group(group[0]) == group[1]

@@ -3,7 +3,9 @@ the pastes that start inside one."""
 
 from __future__ import annotations
 
+from xpu_serve.analysis.classify import wait_frame_re
 from xpu_serve.analysis.traceback import Step, TbState, TracebackTracker
+from xpu_serve.diagnosis import Analyzer
 from xpu_serve.events import Event
 
 KEY = ("vllm.log", 41)
@@ -102,12 +104,17 @@ def test_a_native_frame_has_no_source_line() -> None:
 
 
 def test_the_engine_core_s_wait_on_its_workers_is_a_wait_frame() -> None:
-    # collective_rpc's call of get_response (multiproc_executor.py), as dequeue's own line
+    # collective_rpc's call of get_response (multiproc_executor.py), as dequeue's own line, and the
+    # Ray compiled graph's output read (ray/dag/compiled_dag_node.py _execute_until); the patterns
+    # are the packaged rules' wait_frames rows
+    wait = wait_frame_re(Analyzer())
+    assert wait is not None
     for source in (
         "    result = get_response(w, dequeue_timeout)",
         "    status, result = mq.dequeue(timeout=t)",
+        "    result = self._dag_output_fetcher.read(timeout)",
     ):
-        tr = TracebackTracker()
+        tr = TracebackTracker(wait)
         got = _read(
             tr,
             [
@@ -117,3 +124,7 @@ def test_the_engine_core_s_wait_on_its_workers_is_a_wait_frame() -> None:
             ],
         )
         assert got[2][0] is Step.WAIT_FRAME, source
+    # any other source line of a frame is code, never classified
+    tr = TracebackTracker(wait)
+    got = _read(tr, ["Traceback (most recent call last):", '  File "x.py", line 3, in f', "    result = fetch(timeout)"])
+    assert got[2][0] is Step.SKIP

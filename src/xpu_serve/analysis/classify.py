@@ -85,7 +85,7 @@ class Classifier:
         self.st = st
         self.table, self.rules, self._row, self._set = st.table, st.rules, st._row, st._set
         self._order = 0
-        self.tracker = TracebackTracker()
+        self.tracker = TracebackTracker(wait_frame_re(st))
         self._tb_last_frame = self.tracker.last_frame  # traceback group -> its latest frame line
         self._group_specific: dict[int, None] = {}  # recent traceback groups with a specific row
         self._pyexc_by_group: dict[int, list[Event]] = {}
@@ -423,6 +423,15 @@ class Classifier:
             tev.role = "consequence"
             tev.extra["teardown"] = True
             self.st._add_consequence(tev, self.table.by_id[self._row["uncaught_cxx"]])
+
+
+def wait_frame_re(st: EvidenceStore) -> re.Pattern[str] | None:
+    """One pattern for the rows of rules.yaml `sets.wait_frames` (traceback source lines of the
+    EngineCore waiting on its workers), or None when the set is empty."""
+    rows = sorted(st._set["wait_frames"])
+    if not rows:
+        return None
+    return re.compile("|".join(f"(?:{st.table.by_id[r].regex})" for r in rows))
 
 
 def after_carets(st: EvidenceStore, pid: int | None, file: str) -> bool:

@@ -33,10 +33,14 @@ _SIGNAL_FRAME_RE = re.compile(
     r"|libopen-pal|opal_|libc10\.so\(_ZN3c10\d+Error|FatalSignal|signal_handler|SignalHandler|libc_sigaction"
 )
 # the crashing frame is in a collective communication library (oneCCL, NCCL/RCCL, MPI, libfabric,
-# MSCCL++, HCCL): by name of the shared object or by (mangled) namespace
+# MSCCL++, HCCL): by name of the shared object, by (mangled) namespace, by API symbol (NCCL's
+# ncclXxx and the pncclXxx its profiling entry points export), or by the unprefixed internal
+# functions of NCCL's launch path that a stripped libnccl still names (src/enqueue.cc
+# addProxyOpIfNeeded, hostStreamPlanTask, uploadProxyOps: the proxy-op enqueue of a collective)
 _COLLECTIVE_NATIVE_RE = re.compile(
-    r"lib(?:ccl|nccl|rccl|mpi|fabric|mscclpp|hccl|psm\d)\w*\.so|\bccl_\w+::|\bccl::|\bnccl[A-Z]\w*"
+    r"lib(?:ccl|nccl|rccl|mpi|fabric|mscclpp|hccl|psm\d)\w*\.so|\bccl_\w+::|\bccl::|\bp?nccl[A-Z]\w*"
     r"|\bmscclpp::|_ZN\d*(?:mscclpp|ccl)\d|\bhccl[A-Z]\w*"
+    r"|\b(?:addProxyOpIfNeeded|hostStreamPlanTask|uploadProxyOps)\b"
 )
 
 # the crashing frame is inside a GPU user-mode driver or runtime: by the shared object's name, or by

@@ -80,6 +80,7 @@ SET_NAMES = (
     "unprefixed_linkable",
     "not_hang_detection",
     "keep_latest",
+    "wait_frames",
 )
 DEMOTE_KINDS = ("whenever-seen", "read-after", "read-after-in-file", "at-or-after", "after")
 SIGNAL_FIELDS = ("signame", "exit_code")

@@ -93,7 +93,9 @@ class TracebackTracker:
     traceback always takes the slow path). Memory: one entry per open stream, `last_frame`
     bounded to 4096 groups."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_frame: re.Pattern[str] | None = None) -> None:
+        # the source lines of the EngineCore's waits on its workers (rules.yaml sets.wait_frames)
+        self.wait_frame = wait_frame
         self.streams: dict[Key, Stream] = {}
         self.last_frame: dict[int, str] = {}  # group -> its latest `File ...` frame line
         self.check = 0
@@ -168,11 +170,12 @@ class TracebackTracker:
         st.state = TbState.FRAMES
         stripped = ev.text.strip()
         if not EXC_LINE_RE.match(stripped):
-            if "mq.dequeue(" in stripped or "get_response(w, dequeue_timeout" in stripped:
-                # ... except the EngineCore's wait on its workers' response queue (signatures.yaml
-                # worker-response-dequeue-frame): on the stack only when the exception came from
-                # inside the wait, it is the trace of a hang in an excerpt cut before the exception
-                # line; kept out of the group so it never subsumes the exception line's verdict
+            if self.wait_frame is not None and self.wait_frame.search(stripped):
+                # ... except the EngineCore's wait on its workers (rules.yaml sets.wait_frames: the
+                # multiprocessing executor's response-queue dequeue, the Ray compiled graph's output
+                # read): on the stack only when the exception came from inside the wait, it is the
+                # trace of a hang in an excerpt cut before the exception line; kept out of the
+                # group so it never subsumes the exception line's verdict
                 ev.text = stripped
                 return Read(Step.WAIT_FRAME)
             return Read(Step.SKIP)
