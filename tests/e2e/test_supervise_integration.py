@@ -72,9 +72,12 @@ def test_segfault_record_after_the_exit_is_in_the_verdict(tmp_path: Path, up_fac
     worker die (pidfd), so the supervisor's trigger is always the exit, never the record."""
     kern = tmp_path / "kernel.log"
     kern.write_text("")
+    # settle_s generous: the test writes the record from its own process after the pidfd wakes it,
+    # which on a loaded 2-core machine can take longer than the default 0.5 s; the settle ends as
+    # soon as the record is read, so this only bounds the wait
     up = up_factory(
         "worker-segv rank=1 after=300 incarnation=1",
-        extra={"watchers.kernel": {"source": "file", "path": str(kern)}},
+        extra={"watchers.kernel": {"source": "file", "path": str(kern), "settle_s": 10}},
     )
     up.wait_event("ready", 60)
     st = _wait(
