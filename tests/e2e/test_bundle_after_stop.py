@@ -77,8 +77,12 @@ def test_worker_segv_bundle_holds_the_fallout_written_after_the_stop(sim_up_fact
     assert inc["cause"] == "process-crash", inc["summary"]
     assert (inc["root"] or {}).get("process") == "Worker_TP1", inc["root"]
     sigs = {g["signature"]: g for g in inc["consequences"]}
-    assert "leaked-resources" in sigs and "engine-dead-error" in sigs, sorted(sigs)
-    assert sigs["engine-dead-error"]["process"] == "APIServer"
+    assert "leaked-resources" in sigs and "engine-dead-message" in sigs, sorted(sigs)
+    # the API server's EngineDeadError names EngineCore as its subject (rules.yaml
+    # engine_core_reports); the line itself is the API server's
+    dead = sigs["engine-dead-message"]
+    assert dead["process"] == "EngineCore", dead
+    assert log.split("\n")[dead["line"] - 1].startswith("(APIServer pid="), dead
     # report.txt is rendered from the recomputed verdict: its verdict line is the one `diagnose`
     # reaches on the whole log in the bundle (the count of lines that followed included)
     offline = _diagnose_json(bundle)
