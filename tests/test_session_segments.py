@@ -28,7 +28,7 @@ def _inner(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str],
     out = tmp_path / "prefix.txt"
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:cloudcoil",
-         "-p", "tests.conftest", str(test)],
+         "-p", "tests.conftest", f"--rootdir={tmp_path}", str(test)],
         cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     return r, out.read_text() if out.exists() else ""
