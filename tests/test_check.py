@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.ports import free_port as _free_port
 from xpu_serve.preflight import (
     Finding,
     check_kernel_log,
@@ -32,12 +33,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT / "src")
     env.update(extra)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -133,7 +128,7 @@ def test_text_output_one_line_per_finding(xpu_serve_cmd: list[str], tmp_path: Pa
     width = max(len(line.split()[1]) for line in lines)
     for line in lines:
         check = line.split()[1]
-        assert line[8:8 + len(check)] == check and line[8 + len(check):9 + width].strip() == "", line
+        assert line[8 : 8 + len(check)] == check and line[8 + len(check) : 9 + width].strip() == "", line
         assert line[9 + width] != " ", line
 
 

@@ -170,6 +170,11 @@ BAD = [
         + "  listen: 0.0.0.0:29501\n",
         "8: group.listen: PORT 29501 is group.master_port (vLLM's rendezvous)",
     ),
+    (
+        "metrics-on-engine-port",
+        "engine: {model: m, port: 8123}\nmetrics:\n  listen: 127.0.0.1:8123\n",
+        "3: metrics.listen: PORT 8123 is engine.port",
+    ),
 ]
 
 

@@ -582,6 +582,14 @@ class Config(_Strict):
     source_path: Path | None = Field(None, exclude=True)  # the file it was loaded from
 
     @model_validator(mode="after")
+    def _metrics_port_apart(self) -> Config:
+        """The metrics listener and the engine cannot share a port: whichever binds second fails."""
+        m = self.metrics
+        if m.enabled and int(m.listen.rpartition(":")[2]) == self.engine.port:
+            raise _KeyProblem(("metrics", "listen"), f"PORT {self.engine.port} is engine.port")
+        return self
+
+    @model_validator(mode="after")
     def _group_fits_engine(self) -> Config:
         g, e = self.group, self.engine
         if g is None:

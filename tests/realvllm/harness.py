@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from tests.ports import free_port  # noqa: F401 - used as h.free_port by the tests
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu-tiny.yaml"
@@ -67,13 +68,6 @@ def one_server_at_a_time(timeout_s: float = 1800.0) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def engine_env(port: int, runtime_dir: Path | None = None) -> dict[str, str]:
