@@ -169,8 +169,8 @@ class Parts:
         if not self.st.ready and self.st.milestones:
             order = {p: i for i, p in enumerate(PHASES)}
             for ph in sorted(self.st.milestones, key=lambda p: order.get(p, -1))[-4:]:
-                add(self.st.milestones[ph]["first"])
-                add(self.st.milestones[ph]["last"])
+                add(self.st.milestones[ph].first)
+                add(self.st.milestones[ph].last)
         return items
 
     def _timeline_item(self, ev: Event, root: Event | None, evidence: set[int]) -> TimelineItem:
@@ -265,7 +265,7 @@ def _hang_summary(inc: Incident) -> str:
 
 
 def follow_clause(inc: Incident) -> str:
-    """"; N events followed as consequences" (or "; 1 event ..."), "" when none did (the
+    """ "; N events followed as consequences" (or "; 1 event ..."), "" when none did (the
     consequences' counts are events: `analysis/occurrence.py`)."""
     n = sum(c.count for c in inc.consequences)
     if not n:

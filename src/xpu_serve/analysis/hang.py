@@ -19,7 +19,7 @@ def waits_after_startup_progress(cx: Ctx, waits: list[Event]) -> list[Event]:
     weight loading), not a stall. [] stays []; without milestones the list is returned as is."""
     if not waits or not cx.st.milestones:
         return waits
-    last_ms = max((ms["last"] for ms in cx.st.milestones.values()), key=cmp_to_key(cmp_time))
+    last_ms = max((ms.last for ms in cx.st.milestones.values()), key=cmp_to_key(cmp_time))
     return [e for e in waits if cmp_time(e, last_ms) >= 0]
 
 

@@ -116,6 +116,20 @@ class Startup:
 
 
 @dataclass
+class Milestone:
+    """One start-up phase as read (signatures.yaml rows with `phase`): its first and latest
+    event, the TP ranks that reached it, the pids seen without a known rank yet (at most 1024;
+    their ranks are added once the pid -> rank map knows them), and whether any of its rows is
+    `per_rank` (every rank must reach it)."""
+
+    first: Event
+    last: Event
+    per_rank: bool
+    ranks: set[int] = field(default_factory=set)
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass
 class Group:
     """Consequence events of one (signature, process, rank), or of one (teardown burst, process,
     rank): the first line, the exact count of events (analysis/occurrence.py), the latest line

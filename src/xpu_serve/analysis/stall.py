@@ -67,7 +67,7 @@ def startup_waits(cx: Ctx, v: Work) -> None:
     waits.sort(key=cmp_to_key(cmp_time))
     n = sum(n for sid, n in cx.st.precursor_counts.items() if cx.st.table.by_id[sid].cause == "startup-hang")
     if waits and cx.st.milestones:
-        last_ms = max((ms["last"] for ms in cx.st.milestones.values()), key=cmp_to_key(cmp_time))
+        last_ms = max((ms.last for ms in cx.st.milestones.values()), key=cmp_to_key(cmp_time))
         if cmp_time(waits[-1], last_ms) < 0:
             waits, n = [], 0
     v.startup_waits, v.n_waits = waits, n
@@ -84,17 +84,17 @@ def startup_info(cx: Ctx) -> Startup | None:
     last = reached[-1]
     expected: set[int] = set(range(cx.st.world_size)) if cx.st.world_size else set()
     for ms in cx.st.milestones.values():
-        expected |= ms["ranks"]
+        expected |= ms.ranks
     missing: list[int] = []
     phase_for_missing = None
     for p in reversed(reached):
         ms = cx.st.milestones[p]
-        if ms["per_rank"] and expected:
-            miss = sorted(expected - ms["ranks"])
+        if ms.per_rank and expected:
+            miss = sorted(expected - ms.ranks)
             if miss:
                 missing, phase_for_missing = miss, p
             break
-    return Startup(last, cx.st.milestones[last]["last"], tuple(missing), phase_for_missing, cx.st.world_size)
+    return Startup(last, cx.st.milestones[last].last, tuple(missing), phase_for_missing, cx.st.world_size)
 
 
 def startup_verdict(cx: Ctx, v: Work) -> None:

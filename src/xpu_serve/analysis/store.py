@@ -14,7 +14,7 @@ from typing import Any
 
 from xpu_serve.analysis.clock import Clock
 from xpu_serve.analysis.deaths import WORKER_RE, normalize_process
-from xpu_serve.analysis.incident import Group
+from xpu_serve.analysis.incident import Group, Milestone
 from xpu_serve.analysis.kernel_owner import KernelOwners
 from xpu_serve.analysis.occurrence import TeardownRuns, one_event
 from xpu_serve.analysis.rules import Rules, load_rules
@@ -52,7 +52,7 @@ class EvidenceStore:
         self.groups: dict[tuple[str, str | None, int | None], Group] = {}
         self._teardown = TeardownRuns()  # open collective teardown runs (analysis/occurrence.py)
         self.clock = Clock()  # the input's year and boot time, for people's times (analysis/clock.py)
-        self.milestones: dict[str, dict[str, Any]] = {}
+        self.milestones: dict[str, Milestone] = {}  # phase -> what was read of it
         self.ready = False
         # Event, or (line, file, lineno) of the raw line (fast path); see _ref_event
         self.last_progress: Any = None
@@ -172,21 +172,13 @@ class EvidenceStore:
             rank = self.pid_rank.get(ev.pid)
         ms = self.milestones.get(phase)
         if ms is None:
-            ms = self.milestones[phase] = {
-                "ranks": set(),
-                "first": ev,
-                "last": ev,
-                "per_rank": sig.per_rank,
-                "sig": sig,
-                "pids": set(),
-            }
-        ms["last"] = ev
-        if sig.per_rank:
-            ms["per_rank"] = True
+            ms = self.milestones[phase] = Milestone(ev, ev, sig.per_rank)
+        ms.last = ev
+        ms.per_rank = ms.per_rank or sig.per_rank
         if rank is not None:
-            ms["ranks"].add(rank)
-        elif ev.pid is not None and len(ms["pids"]) < 1024:
-            ms["pids"].add(ev.pid)
+            ms.ranks.add(rank)
+        elif ev.pid is not None and len(ms.pids) < 1024:
+            ms.pids.add(ev.pid)
 
     def has_failure(self, file: str) -> bool:
         """True when failure evidence read from `file` is kept: a hang fact, a stall, a root

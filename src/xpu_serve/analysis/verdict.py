@@ -93,9 +93,9 @@ def refresh(cx: Ctx) -> None:
     cx.st.last_stats = cx.st._ref_event(cx.st.last_stats)
     cx.st.stall_stats = cx.st._ref_event(cx.st.stall_stats)
     for ms in cx.st.milestones.values():
-        for pid in list(ms["pids"]):
+        for pid in list(ms.pids):
             if pid in cx.st.pid_rank:
-                ms["ranks"].add(cx.st.pid_rank[pid])
+                ms.ranks.add(cx.st.pid_rank[pid])
 
 
 def candidates(cx: Ctx) -> tuple[list[Event], list[Event]]:
