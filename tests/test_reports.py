@@ -70,14 +70,8 @@ KNOWN_GAPS: dict[str, str] = {
     "triton-outofresources-shared-memory-three-line-summary-gpt-oss-ep-tp4-gfx950": "batch 15a: expected process-exception, got unknown (not yet read generally)",
     "xpu-oneccl-could-not-be-initialized-cannot-open-plugin-libccl-so-1-tp2-comment-fence": "batch 15a: expected collective-failure, got unknown (not yet read generally)",
     # batch 16 (first run, before any fix): expected, what the analysis said, and the line that should decide it
-    "lmdeploy-turbomind-terminate-std-runtime-error-cuda-runtime-error-out-of-memory-allocator-4090": "batch 16: expected device-oom, got process-exception (`  what():  [TM][ERROR] CUDA runtime error: out of memory /lmdeploy/src/turbomind/utils/allocator.h:233`)",
     "ollama-journal-pager-truncated-lines-llama-runner-exited-signal-illegal-instruction": "batch 16: expected process-crash, got unknown (`llama.go:323: llama runner exited with error: signal: illegal ins>`)",
-    "ollama-windows-intel-b580-go-exception-0xc0000005-external-code-mlx-init": "batch 16: expected process-crash, got unknown (`Exception 0xc0000005 0x8 0x7ffd5e46cb12 0x7ffd5e46cb12` / `signal arrived during external code execution`)",
-    "sglang-capture-cuda-graph-failed-flashinfer-no-kernel-image-sm75-hints-mem-fraction": "batch 16: expected process-exception, got unknown (`Exception: Capture cuda graph failed: BatchDecodeWithPagedKVCache failed with error no kernel image is available for execution on the device.`)",
     "sglang-two-node-deepseek-r1-watchdog-seqnum2-allreduce-numel1-startup-one-line": "batch 16: expected startup-hang, got engine-hang (`Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, ...)`)",
-    "tabby-compose-ggml-cuda-error-2-out-of-memory-current-device-restart-loop-exited-code-1-3090": "batch 16: expected device-oom, got unknown (`tabby_1  | CUDA error 2 at /root/workspace/crates/llama-cpp-bindings/llama.cpp/ggml-cuda.cu:7641: out of memory`)",
-    "tabby-ctranslate2-docker-desktop-stamps-terminate-runtime-error-cuda-failed-out-of-memory-a30": "batch 16: expected device-oom, got process-crash (`2023-10-12 20:39:00   what():  CUDA failed with error out of memory`)",
-    "tabby-windows-supervisor-llama-server-exited-status-code-access-violation-cpu-build": "batch 16: expected process-crash, got unknown (`... WARN llama_cpp_server::supervisor: ...: llama-server <embedding> exited with status code -1073741819, args: ...`)",
 }
 
 
