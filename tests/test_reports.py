@@ -52,23 +52,6 @@ KNOWN_GAPS: dict[str, str] = {
     "grep-filename-prefix-nccl-warn-net-ib-port-error-then-workerproc-exception-head": "batch 14a first run: expected collective-failure, got unknown (not yet read generally)",
     "helm-stack-traceback-tail-no-supported-config-format-qwen-valueerror": "batch 14a first run: expected config-error, got process-exception (not yet read generally)",
     "ipex-llm-xpu-tp-startup-hang-keyboardinterrupt-traceback-shell-prompt-leaked-semaphore": "batch 14a first run: expected startup-hang, got unknown (not yet read generally)",
-    # batch 15 (first run, before its fixes; misses left after the 15b fixes): expected and what the analysis said
-    "ascend-310p-device-absent-el0001-lost-heartbeat-rtdevicesynchronize-507010-comment": "batch 15a: expected device-lost, got unknown (not yet read generally)",
-    "ascend-aicore-timeout-507014-eh9999-then-vllmworker-0-died-dp-tp-ep-deepseek-v31": "batch 15a: expected process-exception, got process-crash (not yet read generally)",
-    "ascend-copy-d2d-aclrtsynchronizestream-507001-task-scheduler-eh9999-repeated-warnings": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "ascend-ez9999-aivec-error-exception-device-chip7-rank7-warning-llama4-scout-ep-startup": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "ascend-hccl-ei0009-transport-init-error-trainer-rank1-then-enginecore-collective-rpc-failed-grpo-server-mode": "batch 15a: expected collective-failure, got process-exception (not yet read generally)",
-    "ascend-nested-worker-prefix-dp0-tp6-ep6-stream-sync-507011-then-tp0-async-output-copy-thread": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "ascend-npu-oom-one-line-bug-summary-glm4-32b-tp2-910b": "batch 15a: expected device-oom, got unknown (not yet read generally)",
-    "ascend-npu-oom-ray-npuworkerwrapper-repeated-across-cluster-hccl-watchdog-warning-err99999-deepseek-r1-w8a8": "batch 15a: expected device-oom, got unknown (not yet read generally)",
-    "ascend-quoted-acl-stream-synchronize-507011-ez9999-enginecore-failed-to-start-mtp-mix-quant": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "ascend-worker-tp1-fftsplus-timeout-507048-err00100-internal-task-times-out-multinode": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "cpu-aarch64-compose-v0-mqllmengine-cpu-backend-only-supports-v1-otlp": "batch 15b: expected config-error, got process-exception (not yet read generally)",
-    "rocm-compose-enginecore-aiter-top-k-top-p-sampling-traceback-gfx1151-then-apiserver-failed-core-procs": "batch 15a: expected process-exception, got process-crash (not yet read generally)",
-    "rocm-skinny-gemms-wvsplitk-device-side-assertion-false-repeated-7900xtx-docker": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "rocm-strix-halo-worker-silent-after-rank-assignment-workerproc-initialization-failed-enginecore": "batch 15a: expected process-crash, got unknown (not yet read generally)",
-    "triton-outofresources-shared-memory-three-line-summary-gpt-oss-ep-tp4-gfx950": "batch 15a: expected process-exception, got unknown (not yet read generally)",
-    "xpu-oneccl-could-not-be-initialized-cannot-open-plugin-libccl-so-1-tp2-comment-fence": "batch 15a: expected collective-failure, got unknown (not yet read generally)",
 }
 
 
