@@ -32,11 +32,14 @@ if TYPE_CHECKING:
 # config dataclasses' checks (vllm/config.py, vllm/config/*.py: __post_init__, verify_*, _verify_*)
 # and the model registry's check of the checkpoint's architectures
 # (vllm/model_executor/models/registry.py _ModelRegistry._raise_for_unsupported: ValueError
-# "Model architectures [...] are not supported for now" / "failed to be inspected")
+# "Model architectures [...] are not supported for now" / "failed to be inspected"), and the
+# platform's checks of the configuration (vllm/platforms/<platform>.py Platform.check_and_update_config,
+# verify_*, get_attn_backend_cls: e.g. cpu.py's ValueError "CPU backend only supports V1.")
 _CONFIG_FRAME_RE = re.compile(
     r'File "[^"]*(?:", line \d+, in parse_args$|/arg_utils\.py", line \d+, in |'
     r'/config(?:\.py|/\w+\.py)", line \d+, in (?:__post_init__|_?verify\w*|__init__)$|'
-    r'/models/registry\.py", line \d+, in _raise_for_unsupported$)'
+    r'/models/registry\.py", line \d+, in _raise_for_unsupported$|'
+    r'/vllm/platforms/\w+\.py", line \d+, in (?:check_and_update_config|verify_\w+|get_attn_backend_cls)$)'
 )
 # how far (lines of the same file) a GPU driver's task-info record may follow its fault record
 _TASK_INFO_LINES = 8

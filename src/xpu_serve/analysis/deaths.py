@@ -134,10 +134,14 @@ def abnormal_death(ev: Event) -> bool:
 
 
 def same_proc(death: Event, ev: Event) -> bool:
-    """`ev` is from the process `death` records (the worker it names, or its pid)."""
+    """`ev` is from the process `death` records (the worker it names, the engine core it names,
+    or its pid)."""
     w = death.extra.get("worker")
     if isinstance(w, str):
         m = WORKER_RE.search(w)
         if m and ev.rank is not None and int(m.group(1)) == ev.rank:
             return True
+    engine = death.extra.get("engine")
+    if isinstance(engine, str) and ev.process and normalize_process(engine) == normalize_process(ev.process):
+        return True
     return death.pid is not None and death.pid == ev.pid

@@ -14,6 +14,12 @@ and ends inside the frames) says what was raised only by its innermost frame: wh
 a config check (vLLM's argument parsing, config checks, the model registry's check of the
 architectures; classify.py _CONFIG_FRAME_RE), the frame stands for a config error, on the same
 terms (nothing else names a failure or a hang).
+
+A process that a death report says exited with code 1 (Python's exit on an unhandled exception:
+the API server's `Failed core proc(s): {'EngineCore': 1}`, the executor's `died unexpectedly (exit
+code: 1)`) raised: its own traceback cut before its exception line stands for that exception, a
+generic-exception root at its innermost frame, whatever that frame is (the death report is its
+consequence, ranked below it).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from xpu_serve.analysis.deaths import normalize_process
 from xpu_serve.analysis.traceback import TbState, is_message_head
 from xpu_serve.events import Event, parse_line
 
@@ -73,31 +80,51 @@ class MessageHeads:
         if len(self.frames) > _MAX_OPEN:
             del self.frames[next(iter(self.frames))]
 
-    def _cut_in_config_check(self) -> list[tuple[int, Event]]:
+    def _cut(self) -> list[tuple[int, Event]]:
         """(group, innermost frame) of each traceback still open at the end of the input, cut
-        before its exception line, whose innermost frame is a config check (the classifier's
-        config-frame pattern: vLLM's argument parsing, config checks, model registry)."""
+        before its exception line, without a message record before it."""
         out = []
         for stream in self.cls.tracker.streams.values():
             fev = self.frames.get(stream.group)
-            if stream.state is TbState.EXCEPTION or stream.group in self.heads or fev is None:
-                continue
-            if self._config_frame.search(fev.text.strip()):
+            if stream.state is not TbState.EXCEPTION and stream.group not in self.heads and fev is not None:
                 out.append((stream.group, fev))
         return out
 
+    def _exited_on_exception(self) -> set[str]:
+        """The processes (normalize_process names) a root death report says exited with code 1."""
+        out = set()
+        for evs in self.cls.st.roots.values():
+            for e in evs:
+                name = e.extra.get("engine") or e.extra.get("worker")
+                if str(e.extra.get("exit_code")) == "1" and name:
+                    out.add(normalize_process(str(name)) or str(name))
+        return out
+
     def flush(self) -> None:
-        """Before the verdict: each remembered message becomes a generic-exception root (a config
-        error when its traceback's last frame is a config check); without one, a traceback cut
-        inside a config check becomes a config-error root at its innermost frame; neither when
-        something else names a failure or a hang."""
+        """Before the verdict: a cut traceback of a process a death report says exited with code 1
+        becomes a generic-exception root at its innermost frame; each remembered message becomes a
+        generic-exception root (a config error when its traceback's last frame is a config check);
+        without one, a traceback cut inside a config check becomes a config-error root at its
+        innermost frame; neither of the last two when something else (not a bare failure report)
+        names a failure, and none of them when something names a hang."""
         st, cls = self.cls.st, self.cls
-        named = bool(st.roots) or any(st.table.by_id[sid].cause in _HANG_CAUSES for sid in st.precursors)
-        if named or any(g.sig.cause in _HANG_CAUSES for g in st.groups.values()):
+        hang = any(st.table.by_id[sid].cause in _HANG_CAUSES for sid in st.precursors) or any(
+            g.sig.cause in _HANG_CAUSES for g in st.groups.values()
+        )
+        exited = set() if hang else self._exited_on_exception()
+        raised = [(g, f) for g, f in self._cut() if normalize_process(f.process, f.rank) in exited]
+        bare = st._set["bare_failure_reports"]
+        if hang or any(sid not in bare for sid in st.roots):
             self.heads.clear()
             self.frames.clear()
         sig = st.table.by_id[st._row["generic_exception"]]
-        cut = [] if self.heads else self._cut_in_config_check()
+        in_check = [(g, f) for g, f in self._cut() if self._config_frame.search(f.text.strip())]
+        cut = [] if self.heads else in_check
+        for group, fev in raised:
+            # the traceback of a process that exited on an exception: its innermost frame stands for it
+            fev.signature, fev.role, fev.cause, fev.group = sig.id, sig.role, sig.cause, group
+            fev.extra["_order"] = group
+            cls._root(fev, sig, fev.file or "", fev.line or 0)
         for group, ev in self.heads.items():
             ev.signature, ev.role, ev.cause, ev.group = sig.id, sig.role, sig.cause, group
             ev.extra["_order"] = group

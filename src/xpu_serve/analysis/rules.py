@@ -73,6 +73,7 @@ SET_NAMES = (
     "native_dumps",
     "death_reports",
     "worker_death_reports",
+    "bare_failure_reports",
     "reporter_pid",
     "engine_core_reports",
     "launcher_reports",

@@ -73,6 +73,7 @@ class Subjects:
         by name and order (only for the root: a surviving rank's teardown dump is not the dead one)."""
         steps: tuple[Callable[[Event], Subject | None], ...] = (
             self._subject_named_worker,
+            self._subject_unnamed_worker,
             self._subject_pid_in_message,
             self._subject_reported,
         )
@@ -96,6 +97,17 @@ class Subjects:
         pid = int(str(ev.extra["pid"])) if ev.extra.get("pid") else None
         r2 = self.st.pid_rank.get(pid) if pid is not None else None
         return normalize_process("Worker", r2), r2, pid
+
+    def _subject_unnamed_worker(self, ev: Event) -> Subject | None:
+        """EngineCore's report that a worker failed in start-up names none: the worker, when the
+        input shows one worker process (its name as its prefix printed it), else any worker."""
+        if ev.signature not in self.st._set["bare_failure_reports"]:
+            return None
+        workers = [(p, n) for p, n in self.st.pid_name.items() if "Worker" in n]
+        if len(workers) != 1:
+            return "Worker", None, None
+        pid, name = workers[0]
+        return normalize_process(name), self.st.pid_rank.get(pid), pid
 
     def _subject_pid_in_message(self, ev: Event) -> Subject | None:
         """The dead process's pid inside the message (bash's job report "run.sh: line 12: 40211
