@@ -208,6 +208,16 @@ class Group:
         assert t1 >= t0 - 1.0, f"node 1 ready {t0 - t1:.1f} s before the head (incarnation {incarnation})"
         return st0, st1
 
+    def restarted(
+        self, epoch: int, st0: dict[str, Any], st1: dict[str, Any], old: dict[int, float], old_files: set[str]
+    ) -> None:
+        """After a group restart: both nodes in `epoch`, node 1 joined it, nothing of the failed
+        incarnation left, and the group answers again."""
+        assert (st0["group_epoch"], st1["group_epoch"]) == (epoch, epoch)
+        assert [e for e in self.events(self.fs, "group") if f"joined epoch {epoch}" in e["msg"]]
+        self.only_current_trees(old, old_files)
+        self.complete()
+
     def ready_at(self, sup: h.Supervisor, incarnation: int) -> float:
         """When `sup` said this incarnation was ready (its `ready` event)."""
         ts = [e["ts"] for e in self.events(sup, "ready") if e.get("incarnation") == incarnation]
@@ -319,12 +329,9 @@ def test_2_follower_worker_killed_names_node1_rank1_group_restarts(flow: Group) 
     assert fol_failed["trigger"] == "process-exit" and fol_failed["rank"] == 1, fol_failed
     st0, st1 = g.ready(2)
     g.figures["a_kill_to_group_ready"] = round(time.time() - t_kill, 1)
-    assert (st0["group_epoch"], st1["group_epoch"]) == (2, 2)
     assert st0["restarts"] == 1 and (st0.get("last_incident") or {}).get("cause") == "process-crash", st0
-    assert [e for e in g.events(g.fs, "group") if "joined epoch 2" in e["msg"]]
     assert len(g.events(g.hs, "incident")) == 1  # one incident for the group
-    g.only_current_trees(old, old_files)
-    g.complete()
+    g.restarted(2, st0, st1, old, old_files)
 
 
 def test_3_head_worker_killed_names_rank0_follower_restarts_new_epoch(flow: Group) -> None:
@@ -355,11 +362,8 @@ def test_3_head_worker_killed_names_rank0_follower_restarts_new_epoch(flow: Grou
     fol_inc = g.events(g.fs, "incident")[-1]
     g.figures["b_follower_cause"] = fol_inc.get("cause") or "?"
     assert fol_inc.get("cause") not in ("startup-hang", "engine-hang"), fol_inc.get("msg")
-    assert (st0["group_epoch"], st1["group_epoch"]) == (3, 3)
     assert st0["restarts"] == 2 and st1["restarts"] == 2, (st0["restarts"], st1["restarts"])
-    assert [e for e in g.events(g.fs, "group") if "joined epoch 3" in e["msg"]]
-    g.only_current_trees(old, old_files)
-    g.complete()
+    g.restarted(3, st0, st1, old, old_files)
 
 
 def test_4_follower_link_down_node_unreachable_then_group_recovers(flow: Group) -> None:
@@ -386,10 +390,8 @@ def test_4_follower_link_down_node_unreachable_then_group_recovers(flow: Group) 
         _ip("-n", g.fol.ns, "link", "set", g.fol.dev, "up")
     st0, st1 = g.ready(4)
     g.figures["c_link_down_to_group_ready"] = round(time.time() - t_down, 1)
-    assert (st0["group_epoch"], st1["group_epoch"]) == (4, 4)
     assert (st0.get("last_incident") or {}).get("cause") == "node-unreachable", st0
-    g.only_current_trees(old, old_files)
-    g.complete()
+    g.restarted(4, st0, st1, old, old_files)
 
 
 def test_5_both_stopped_nothing_left_in_either_namespace(flow: Group) -> None:
