@@ -519,3 +519,44 @@ def test_fallback_from_a_thread_names_that_thread_as_setproctitle_does() -> None
         got[way] = r.stdout.split()  # [the calling thread's comm, the main thread's comm]
     assert got["own"] == got["lib"], got
     assert got["own"][0] == "VLLM::Thread" and got["own"][1] != "VLLM::Thread", got
+
+
+_FORKING_WORKER = """
+import os, subprocess, sys, time
+if sys.argv[1] == "root":
+    subprocess.Popen([sys.executable, "-c", sys.argv[2], "worker", sys.argv[2]])
+    time.sleep(60)
+from setproctitle import setproctitle
+setproctitle("VLLM::Worker_TP1")
+if os.fork() == 0:  # a helper forked by the worker: it carries the worker's title until it execs
+    time.sleep(60)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_fork_of_a_worker_carrying_its_title_is_not_that_rank() -> None:
+    """Measured with the real engine (tests/realvllm/test_group_real.py): a short-lived child of
+    node 1's Worker_TP1 with the worker's title, seen by the process watch as Worker_TP1; its
+    exit failed the group as "Worker_TP1 died"."""
+    pytest.importorskip("setproctitle")
+    from xpu_serve.sources.processes import discover
+
+    root = subprocess.Popen([sys.executable, "-c", _FORKING_WORKER, "root", _FORKING_WORKER])
+    try:
+        deadline = time.monotonic() + 30
+        titled: list[psutil.Process] = []
+        while time.monotonic() < deadline and len(titled) < 2:
+            kids = psutil.Process(root.pid).children(recursive=True)
+            titled = [k for k in kids if _comm(k.pid).startswith("VLLM::Worker_TP")]
+            time.sleep(0.1)
+        assert len(titled) == 2, "the worker and its fork, both titled"
+        found = {p.pid: p.name for p in discover(root.pid).values()}
+        worker = min(titled, key=lambda k: k.create_time())
+        assert found == {root.pid: "APIServer", worker.pid: "Worker_TP1"}, found
+    finally:
+        for k in psutil.Process(root.pid).children(recursive=True):
+            k.kill()
+        root.kill()
+        root.wait(10)

@@ -176,9 +176,11 @@ class Supervisor:
     seen: dict[int, float] = field(default_factory=dict)  # every vLLM pid seen -> create_time
     files: set[str] = field(default_factory=set)  # every /dev/shm and /tmp/vllm_dist_* file seen
 
+    host: str = "127.0.0.1"  # where its API server listens (a node's address in a network namespace)
+
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def state(self) -> dict[str, Any]:
         """RUNTIME/state.json ({} while it does not exist or is mid-write)."""
@@ -259,20 +261,28 @@ class Supervisor:
             self.proc.wait(10)
 
 
-def start_supervisor(runtime: Path, port: int, extra_args: list[str] | None = None) -> Supervisor:
-    """Start `xpu-serve up -c configs/cpu-tiny.yaml --runtime-dir RUNTIME` from the repo root,
-    stdin closed, output to RUNTIME/../supervisor.out, in its own process group."""
+def start_supervisor(
+    runtime: Path,
+    port: int,
+    extra_args: list[str] | None = None,
+    config: Path = CONFIG,
+    prefix: list[str] | None = None,
+) -> Supervisor:
+    """Start `xpu-serve up -c CONFIG --runtime-dir RUNTIME` (default configs/cpu-tiny.yaml) from the
+    repo root, stdin closed, output to RUNTIME/../supervisor.out, in its own process group.
+    `prefix` runs it under another command that execs it (`ip netns exec NS`: the pid stays)."""
     runtime.mkdir(parents=True, exist_ok=True)
     log_path = runtime.parent / f"{runtime.name}-supervisor.out"
     out = open(log_path, "wb")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(
         [
+            *(prefix or []),
             sys.executable,
             "-m",
             "xpu_serve",
             "up",
             "-c",
-            str(CONFIG),
+            str(config),
             "--runtime-dir",
             str(runtime),
             *(extra_args or []),
@@ -414,3 +424,65 @@ class LineWatch:
             for n in self.needles:
                 if n not in self.first and n.encode() in chunk:
                     self.first[n] = now
+
+
+# --- the suite's gate and bundles ------------------------------------------------------------
+
+REQUIRED = os.environ.get("XPU_SERVE_REQUIRE_REAL_VLLM") == "1"  # CI: a missing engine fails
+WANTED = REQUIRED or os.environ.get("XPU_SERVE_REAL_VLLM") == "1"
+
+
+def gate() -> None:
+    """Skip (or, with XPU_SERVE_REQUIRE_REAL_VLLM=1, fail) a real-vLLM test that cannot run here."""
+    import pytest
+
+    why = missing()
+    if REQUIRED:
+        if why:
+            pytest.fail(f"XPU_SERVE_REQUIRE_REAL_VLLM=1 but {why}")
+        try:
+            import xpu_serve.cli.up  # noqa: F401
+        except ImportError as e:
+            pytest.fail(f"XPU_SERVE_REQUIRE_REAL_VLLM=1 but `xpu-serve up` is not available: {e}")
+        return
+    if not WANTED:
+        pytest.skip("real vLLM suite is opt-in: set XPU_SERVE_REAL_VLLM=1 (after scripts/setup-vllm-cpu.sh)")
+    if why:
+        pytest.skip(why)
+    try:
+        import xpu_serve.cli.up  # noqa: F401
+    except ImportError:
+        pytest.skip("`xpu-serve up` (xpu_serve.cli.up) not built yet")
+
+
+def bundles(runtime: Path) -> list[Path]:
+    """RUNTIME/bundles/*, oldest first."""
+    return sorted(p for p in (runtime / "bundles").glob("*") if p.is_dir())
+
+
+def incident(bundle: Path) -> dict[str, Any]:
+    """BUNDLE/incident.json (the verdict contract)."""
+    return dict(json.loads((bundle / "incident.json").read_text()))
+
+
+def first(d: dict[str, Any], *paths: str) -> Any:
+    """First non-None value among dotted key paths of d (the verdict contract nests some facts)."""
+    for path in paths:
+        cur: Any = d
+        for k in path.split("."):
+            cur = cur.get(k) if isinstance(cur, dict) else None
+        if cur is not None:
+            return cur
+    return None
+
+
+def wait_new_bundle(sup: Supervisor, before: int, timeout_s: float) -> Path:
+    """The newest bundle once there are more than `before` and all are complete (bundle.json is
+    written last, bundle.py: incident.json lands before the stacks do)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        b = bundles(sup.runtime)
+        if len(b) > before and all((x / "bundle.json").is_file() for x in b[before:]):
+            return b[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"no new bundle in {timeout_s:.0f} s; state {sup.state()}\n{sup.output_tail()}")

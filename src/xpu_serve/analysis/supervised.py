@@ -80,6 +80,12 @@ def complete(inc: Incident, trig: Trigger, table: SignatureTable) -> None:
         # a group's node lost with no death seen is its own cause (a follower's log never shows
         # the API server's ready lines: a stall read from it would be the head's silence)
         inc.cause, inc.summary = "node-unreachable", trig.detail
+    if trig.kind == "group-restart" and inc.cause in ("startup-hang", "engine-hang"):
+        # a follower stopped for the head's new epoch (the group's verdict is the head's): its log
+        # never shows the API server's ready lines, so a stall or hang read from it names a rank
+        # that may not even run on this node (measured: "rank 0 did not reach dist-init" on node 1)
+        inc.notes.append(f"not this node's verdict: {inc.summary} (read from a follower's log)")
+        inc.cause, inc.root, inc.summary = "unknown", None, trig.detail
     if inc.cause in (None, "", "unknown"):
         # nothing in the logs supports a verdict: say what the supervisor itself saw
         fb = fallback_cause(trig.kind, trig.detail)

@@ -123,6 +123,9 @@ class GroupWatcher:
             return f"group head: epoch {self.head.epoch}, channel on {self.g.listen}"
         if self.follower is None:
             self.follower = GroupFollower(self.g.head_url, self.g.secret, self.node_rank)
+        # the head's state as last answered was the failed epoch's ("ready"): a follower is ready
+        # only once the head answers `ready` in this epoch (`ready_gate`), not on that stale word
+        self.head_state = None
         last = ""
         while not stop():
             try:

@@ -71,18 +71,23 @@ def discover(root_pid: int, root_name: str = "APIServer") -> dict[int, ProcessIn
         children = root.children(recursive=True)
     except psutil.Error:
         return found
+    titled: dict[int, tuple[psutil.Process, tuple[str, int | None]]] = {}
     for child in children:
         cmd = procfs.title(child.pid)
-        if not cmd:
-            continue
-        c = classify(cmd)
-        if c is None:
-            continue
+        c = classify(cmd) if cmd else None
+        if c is not None:
+            titled[child.pid] = (child, c)
+    for pid, (child, c) in titled.items():
         try:
-            started = child.create_time()
+            started, ppid = child.create_time(), child.ppid()
         except psutil.Error:
             continue
-        found[child.pid] = ProcessInfo(name=c[0], pid=child.pid, rank=c[1], started_at=started)
+        if ppid in titled and titled[ppid][1][0] == c[0]:
+            # a fork of that process still carrying its title (a helper before its exec): not
+            # the rank. Measured with the real engine: a short-lived "VLLM::Worker_TP1" child of
+            # node 1's worker during its KV cache set-up, taken for the worker, failed the group.
+            continue
+        found[pid] = ProcessInfo(name=c[0], pid=pid, rank=c[1], started_at=started)
     return found
 
 
