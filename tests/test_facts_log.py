@@ -107,3 +107,28 @@ def test_diagnose_with_the_facts_log_gives_the_live_verdict(tmp_path: Path) -> N
     got = diagnose_files([str(CASE), str(log.path)])
     assert got.to_contract() == want.to_contract()
     assert got.trigger_signal == "SIGSEGV"
+
+
+def test_shutdown_exits_after_the_first_death_are_not_the_root(tmp_path: Path) -> None:
+    """Worker_TP0 reaped by EngineCore first (status unknown), then the API server's shutdown of
+    the tree: EngineCore killed by SIGTERM and the API server's exit 0, as the supervisor saw them
+    on the real engine. The root stays the worker EngineCore reported dead, not the SIGTERM."""
+    at_report = 174  # EngineCore's "Worker proc VllmWorker-0 died unexpectedly"
+    dump = range(125, at_report)  # the worker's crash dump, left out: a SIGKILLed worker writes none
+    shutdown = [
+        facts.process_exit("Worker_TP0", 7092, 0, None, None, AT),
+        facts.process_exit("EngineCore", 7032, None, None, "SIGTERM", AT + 0.3),
+        facts.process_exit("APIServer", 7019, None, 0, None, AT + 0.7),
+    ]
+    live = Analyzer()
+    for n, line in enumerate(CASE.read_bytes().decode().split("\n"), 1):
+        if n not in dump:
+            live.feed_line(line, str(CASE), n)
+        if n == at_report:
+            for ev in shutdown:
+                live.add_event(ev)
+    inc = live.incident()
+    assert inc.cause == "process-crash"
+    assert inc.root is not None and (inc.root.process, inc.root.rank) == ("Worker_TP0", 0)
+    followed = {(c.signature, c.process) for c in inc.consequences}
+    assert ("process-killed-by-signal", "EngineCore") in followed  # the SIGTERM is a consequence
