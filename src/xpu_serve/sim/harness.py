@@ -274,18 +274,22 @@ class SimRun:
 
     # -- cleanup -----------------------------------------------------------------------------
     def kill_all(self) -> None:
-        """SIGKILL every process of the run (session, then environment marker) and reap the API
-        server; first records what they map or hold open (`mapped`), for `cleanup_leftovers`."""
+        """SIGKILL every process of the run (session, then environment marker), reap the API
+        server and wait up to 5 s for the others to be gone (a dying process still maps its
+        segments, and `cleanup_leftovers` keeps what a live process maps); first records what
+        they map or hold open (`mapped`), for `cleanup_leftovers`."""
         self.mapped |= cleanup.segments_of([p.pid for p in self.processes()])
         if self.proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        for p in self.processes():
+        rest = self.processes()
+        for p in rest:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(5)
+        psutil.wait_procs(rest, timeout=5)
 
     def leftovers(self) -> list[str]:
         """``/dev/shm/vllm_dist_<tag>-*``, ``/dev/shm/<shm prefix>*`` (the MessageQueue buffer) and
