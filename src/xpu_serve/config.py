@@ -465,6 +465,11 @@ class MetricsConfig(_Strict):
         "127.0.0.1:9400", description="HOST:PORT of the metrics endpoint (PORT 0-65535, 0 = any free port)"
     )
 
+    @property
+    def port(self) -> int:
+        """The metrics endpoint's TCP port (from `listen`; 0 = any free port)."""
+        return int(self.listen.rpartition(":")[2])
+
 
 class WebhookConfig(_Strict):
     """Incident notification by HTTP POST."""
@@ -585,7 +590,7 @@ class Config(_Strict):
     def _metrics_port_apart(self) -> Config:
         """The metrics listener and the engine cannot share a port: whichever binds second fails."""
         m = self.metrics
-        if m.enabled and int(m.listen.rpartition(":")[2]) == self.engine.port:
+        if m.enabled and m.port == self.engine.port:
             raise _KeyProblem(("metrics", "listen"), f"PORT {self.engine.port} is engine.port")
         return self
 

@@ -112,13 +112,14 @@ class MessageHeads:
             g.sig.cause in _HANG_CAUSES for g in st.groups.values()
         )
         exited = set() if hang else self._exited_on_exception()
-        raised = [(g, f) for g, f in self._cut() if normalize_process(f.process, f.rank) in exited]
+        open_tbs = self._cut()
+        raised = [(g, f) for g, f in open_tbs if normalize_process(f.process, f.rank) in exited]
         bare = st._set["bare_failure_reports"]
         if hang or any(sid not in bare for sid in st.roots):
             self.heads.clear()
             self.frames.clear()
         sig = st.table.by_id[st._row["generic_exception"]]
-        in_check = [(g, f) for g, f in self._cut() if self._config_frame.search(f.text.strip())]
+        in_check = [(g, f) for g, f in open_tbs if self._config_frame.search(f.text.strip())]
         cut = [] if self.heads else in_check
         for group, fev in raised:
             # the traceback of a process that exited on an exception: its innermost frame stands for it
